@@ -1,0 +1,3 @@
+from sokuji.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,84 @@
+"""``sokuji``: one entry point.
+
+  sokuji serve [--config FILE] [--host H] [--port P] [--cache-dir DIR] [--log-level L]
+  sokuji export minilm [--cache-dir DIR]      build the ONNX file of the built-in model now
+  sokuji models [--config FILE]               list the configured models
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from sokuji import config as cfg
+from sokuji.errors import ConfigError
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="sokuji", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="serve the configured models over HTTP")
+    serve.add_argument("--config", help="TOML file (default: $SOKUJI_CONFIG or built-in)")
+    serve.add_argument("--host")
+    serve.add_argument("--port", type=int)
+    serve.add_argument("--cache-dir", dest="cache_dir")
+    serve.add_argument("--log-level", dest="log_level")
+
+    export = sub.add_parser("export", help="export a built-in model to ONNX")
+    export.add_argument("model", choices=[cfg.DEFAULT_MODEL_NAME])
+    export.add_argument("--cache-dir", dest="cache_dir")
+
+    models = sub.add_parser("models", help="list the configured models")
+    models.add_argument("--config")
+    return p
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from sokuji.models.repository import ModelRepository
+    from sokuji.observability.metrics import Metrics
+    from sokuji.server.app import create_app
+
+    config = cfg.load(args.config, overrides={
+        "host": args.host, "port": args.port, "cache_dir": args.cache_dir,
+        "log_level": args.log_level})
+    logging.basicConfig(level=config.log_level.upper() if config.log_level != "trace"
+                        else "DEBUG", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    metrics = Metrics()
+    repo = ModelRepository.load(config, on_batch=metrics.batch_observer)
+    app = create_app(config, repo, metrics)
+    uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level,
+                loop="uvloop", http="httptools", access_log=False, server_header=False,
+                date_header=False, timeout_graceful_shutdown=10)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "serve":
+            return _serve(args)
+        if args.command == "export":
+            from sokuji.models import minilm
+
+            config = cfg.load(overrides={"cache_dir": args.cache_dir})
+            print(minilm.ensure_onnx(config.cache_dir))
+            return 0
+        if args.command == "models":
+            for m in cfg.load(args.config).models:
+                print(f"{m.name}\truntime={m.runtime}\tversion={m.version}\t"
+                      f"max_batch_size={m.max_batch_size}\tbatching={m.batching.value}")
+            return 0
+    except ConfigError as exc:
+        print(f"sokuji: {exc.message}", file=sys.stderr)
+        return 2
+    return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,231 @@
+"""One typed configuration, validated once at start-up.
+
+Precedence, lowest first: built-in defaults < TOML file < ``SOKUJI_*`` environment < CLI flags.
+Every invalid value stops start-up with a ``ConfigError`` naming the key and the value.
+
+A file looks like::
+
+    host = "127.0.0.1"
+    port = 8000
+
+    [[models]]
+    name = "minilm"
+    runtime = "onnx"            # onnx | synthetic
+    max_batch_size = 32
+    max_batch_tokens = 8192     # items x padded length
+    max_queue_delay_ms = 2.0
+    batching = "length"         # length | fifo
+    intra_op_threads = 0        # 0: let Sokuji choose
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from sokuji.errors import ConfigError
+
+ENV_PREFIX = "SOKUJI_"
+DEFAULT_MODEL_NAME = "minilm"
+
+
+class BatchPolicy(enum.StrEnum):
+    LENGTH = "length"
+    FIFO = "fifo"
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str
+    runtime: str = "onnx"
+    path: str | None = None
+    """ONNX file (runtime onnx). None for the built-in ``minilm``: exported into the cache."""
+    tokenizer: str | None = None
+    """tokenizer.json for the onnx runtime; defaults to the built-in MiniLM tokenizer."""
+    version: str = "1"
+    max_batch_size: int = 32
+    max_batch_tokens: int = 8192
+    max_queue_delay_ms: float = 2.0
+    batching: BatchPolicy = BatchPolicy.LENGTH
+    instances: int = 1
+    """Batches that may run at once (each in its own worker thread)."""
+    intra_op_threads: int = 0
+    max_sequence_length: int = 256
+    warmup: bool = True
+    options: Mapping[str, Any] = field(default_factory=dict)
+    """Runtime-specific options, validated by the runtime at load."""
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    cache_dir: str = str(Path.home() / ".cache" / "sokuji")
+    max_request_bytes: int = 4 * 1024 * 1024
+    log_level: str = "info"
+    models: tuple[ModelConfig, ...] = (ModelConfig(name=DEFAULT_MODEL_NAME),)
+
+    def model(self, name: str) -> ModelConfig | None:
+        return next((m for m in self.models if m.name == name), None)
+
+
+_SERVER_SCALARS = {"host": str, "port": int, "cache_dir": str, "max_request_bytes": int,
+                   "log_level": str}
+_LOG_LEVELS = {"critical", "error", "warning", "info", "debug", "trace"}
+
+
+def _coerce(key: str, value: object, kind: type) -> Any:
+    """Turn a file or environment value into ``kind``, naming the key on failure."""
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in {"1", "true", "yes", "on", "0", "false",
+                                                        "no", "off"}:
+            return value.lower() in {"1", "true", "yes", "on"}
+        raise ConfigError.for_key(key, value, "not a valid bool")
+    if kind is int:
+        if isinstance(value, bool):
+            raise ConfigError.for_key(key, value, "not a valid integer")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, str):
+            try:
+                return int(value)
+            except ValueError:
+                pass
+        raise ConfigError.for_key(key, value, "not a valid integer")
+    if kind is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError.for_key(key, value, "not a valid number")
+    if kind is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError.for_key(key, value, "not a string")
+    raise AssertionError(kind)
+
+
+_MODEL_KINDS: dict[str, type] = {
+    "name": str, "runtime": str, "path": str, "tokenizer": str, "version": str,
+    "max_batch_size": int, "max_batch_tokens": int, "max_queue_delay_ms": float,
+    "batching": str, "instances": int, "intra_op_threads": int, "max_sequence_length": int,
+    "warmup": bool,
+}
+RUNTIMES = ("onnx", "synthetic")
+
+
+def _model_from_mapping(index: int, raw: Mapping[str, Any]) -> ModelConfig:
+    prefix = f"models[{index}]"
+    if not isinstance(raw, Mapping):
+        raise ConfigError.for_key(prefix, raw, "each model must be a table")
+    known = {f.name for f in fields(ModelConfig)}
+    for key in raw:
+        if key not in known:
+            raise ConfigError.for_key(f"{prefix}.{key}", raw[key], "unknown key")
+    if "name" not in raw:
+        raise ConfigError.for_key(f"{prefix}.name", None, "every model needs a name")
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key == "options":
+            if not isinstance(value, Mapping):
+                raise ConfigError.for_key(f"{prefix}.options", value, "must be a table")
+            values[key] = dict(value)
+        else:
+            values[key] = _coerce(f"{prefix}.{key}", value, _MODEL_KINDS[key])
+    if "batching" in values:
+        try:
+            values["batching"] = BatchPolicy(values["batching"])
+        except ValueError:
+            raise ConfigError.for_key(f"{prefix}.batching", values["batching"],
+                                      "must be one of: length, fifo") from None
+    return ModelConfig(**values)
+
+
+def _validate_model(index: int, m: ModelConfig) -> None:
+    prefix = f"models[{index}]"
+    if not m.name or "/" in m.name:
+        raise ConfigError.for_key(f"{prefix}.name", m.name, "must be non-empty, without '/'")
+    if m.runtime not in RUNTIMES:
+        raise ConfigError.for_key(f"{prefix}.runtime", m.runtime,
+                                  f"must be one of: {', '.join(RUNTIMES)}")
+    positive = {"max_batch_size": m.max_batch_size, "max_batch_tokens": m.max_batch_tokens,
+                "instances": m.instances, "max_sequence_length": m.max_sequence_length}
+    for key, value in positive.items():
+        if value < 1:
+            raise ConfigError.for_key(f"{prefix}.{key}", value, "must be at least 1")
+    if m.max_queue_delay_ms < 0:
+        raise ConfigError.for_key(f"{prefix}.max_queue_delay_ms", m.max_queue_delay_ms,
+                                  "must be zero or more")
+    if m.intra_op_threads < 0:
+        raise ConfigError.for_key(f"{prefix}.intra_op_threads", m.intra_op_threads,
+                                  "must be zero (auto) or more")
+    if m.runtime == "onnx" and m.path is None and m.name != DEFAULT_MODEL_NAME:
+        raise ConfigError.for_key(f"{prefix}.path", None,
+                                  "an onnx model other than the built-in minilm needs a path")
+    if m.path is not None and m.runtime == "onnx" and not Path(m.path).is_file():
+        raise ConfigError.for_key(f"{prefix}.path", m.path, "no such file")
+
+
+def validate(config: ServerConfig) -> ServerConfig:
+    """Check every value; return the config unchanged or raise ``ConfigError``."""
+    if not 0 <= config.port <= 65535:
+        raise ConfigError.for_key("port", config.port, "must be between 0 and 65535")
+    if config.max_request_bytes < 1024:
+        raise ConfigError.for_key("max_request_bytes", config.max_request_bytes,
+                                  "must be at least 1024")
+    if config.log_level not in _LOG_LEVELS:
+        raise ConfigError.for_key("log_level", config.log_level,
+                                  f"must be one of: {', '.join(sorted(_LOG_LEVELS))}")
+    if not config.models:
+        raise ConfigError.for_key("models", [], "at least one model is needed")
+    seen: set[str] = set()
+    for i, m in enumerate(config.models):
+        _validate_model(i, m)
+        if m.name in seen:
+            raise ConfigError.for_key(f"models[{i}].name", m.name, "duplicate model name")
+        seen.add(m.name)
+    return config
+
+
+def load(path: str | Path | None = None, env: Mapping[str, str] | None = None,
+         overrides: Mapping[str, Any] | None = None) -> ServerConfig:
+    """Build the config from file, environment and CLI overrides, then validate it."""
+    env = os.environ if env is None else env
+    path = path if path is not None else env.get(f"{ENV_PREFIX}CONFIG")
+    raw: dict[str, Any] = {}
+    if path is not None:
+        try:
+            raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError.for_key("config", str(path), "no such file") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError.for_key("config", str(path), f"not valid TOML: {exc}") from None
+    for key in raw:
+        if key not in _SERVER_SCALARS and key != "models":
+            raise ConfigError.for_key(key, raw[key], "unknown key")
+    values: dict[str, Any] = {k: _coerce(k, v, _SERVER_SCALARS[k])
+                              for k, v in raw.items() if k != "models"}
+    for key, kind in _SERVER_SCALARS.items():
+        env_value = env.get(f"{ENV_PREFIX}{key.upper()}")
+        if env_value is not None:
+            values[key] = _coerce(f"{ENV_PREFIX}{key.upper()}", env_value, kind)
+    for key, value in (overrides or {}).items():
+        if value is not None:
+            values[key] = _coerce(key, value, _SERVER_SCALARS[key])
+    config = ServerConfig(**values)
+    if "models" in raw:
+        if not isinstance(raw["models"], list):
+            raise ConfigError.for_key("models", raw["models"], "must be an array of tables")
+        config = replace(config, models=tuple(
+            _model_from_mapping(i, m) for i, m in enumerate(raw["models"])))
+    return validate(config)

@@ -1,0 +1,82 @@
+"""The request as the core sees it, and its Timeline of stage stamps.
+
+A Timeline is stamped with ``time.perf_counter_ns()`` at each stage boundary. Each stamp closes
+the stage that ran since the previous stamp, so the stages tile the request's life without gaps
+or overlaps and their sum equals ``total``. The ``Server-Timing`` header, the Prometheus
+histograms and any trace are all derived from this one object.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class Stage(enum.StrEnum):
+    DECODE = "decode"            # read the body, parse it, validate it against the protocol
+    PREPROCESS = "preprocess"    # tokenise (before queueing: the batcher needs lengths)
+    QUEUE = "queue"              # wait for a free model instance
+    BATCH = "batch"              # wait for company once an instance is free
+    INFER = "infer"              # collate + runtime, attributed to every request of the batch
+    POSTPROCESS = "postprocess"  # hand back from the worker thread, split out this request's rows
+    ENCODE = "encode"            # serialise the response body
+
+
+STAGES: tuple[Stage, ...] = tuple(Stage)
+TOTAL = "total"
+
+
+class Timeline:
+    """Stage durations of one request, in nanoseconds, from a monotonic clock."""
+
+    __slots__ = ("durations_ns", "last_ns", "start_ns")
+
+    def __init__(self, start_ns: int | None = None) -> None:
+        self.start_ns = time.perf_counter_ns() if start_ns is None else start_ns
+        self.last_ns = self.start_ns
+        self.durations_ns: dict[Stage, int] = {}
+
+    def mark(self, stage: Stage, at_ns: int | None = None) -> int:
+        """Close ``stage`` at ``at_ns`` (now by default); returns the stamp."""
+        now = time.perf_counter_ns() if at_ns is None else at_ns
+        self.durations_ns[stage] = self.durations_ns.get(stage, 0) + (now - self.last_ns)
+        self.last_ns = now
+        return now
+
+    @property
+    def total_ns(self) -> int:
+        return self.last_ns - self.start_ns
+
+    def as_ms(self) -> dict[str, float]:
+        """Every stage in milliseconds (absent stages as 0), then ``total``."""
+        out = {s.value: self.durations_ns.get(s, 0) / 1e6 for s in STAGES}
+        out[TOTAL] = self.total_ns / 1e6
+        return out
+
+    def server_timing(self, extra: str = "") -> str:
+        """W3C ``Server-Timing`` header value, durations in milliseconds."""
+        parts = [f"{s.value};dur={self.durations_ns.get(s, 0) / 1e6:.3f}" for s in STAGES]
+        parts.append(f"{TOTAL};dur={self.total_ns / 1e6:.3f}")
+        if extra:
+            parts.append(extra)
+        return ", ".join(parts)
+
+
+@dataclass(eq=False)
+class InferenceRequest:
+    """One call to one model: ``payload`` is what the runtime's ``preprocess`` returned.
+
+    ``num_items`` counts toward ``max_batch_size``; ``length`` is the padded length its items
+    need (tokens), so ``num_items * length`` is its share of a batch's token budget.
+    """
+
+    model: str
+    payload: Any
+    num_items: int
+    length: int
+    timeline: Timeline
+    request_id: str = ""
+    parameters: dict[str, Any] = field(default_factory=dict)
+    enqueued_ns: int = 0

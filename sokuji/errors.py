@@ -1,0 +1,85 @@
+"""One error tree for Sokuji; each error carries the HTTP status it maps to.
+
+    SokujiError (500)
+    ├── ConfigError (start-up only: names the key and the value)
+    ├── BadRequest (400)
+    │   ├── InvalidInput (400)     a field or tensor is wrong; the message names it
+    │   ├── TooManyItems (400)     more items than the model's max_batch_size
+    │   ├── PayloadTooLarge (413)
+    │   └── UnsupportedMediaType (415)
+    ├── NotFound (404)
+    │   └── ModelNotFound (404)
+    ├── MethodNotAllowed (405)
+    ├── ModelNotReady (503)
+    └── RuntimeFailed (500)        the runtime raised while running a batch
+
+Third-party exceptions are translated at the adapter boundary (``raise RuntimeFailed(...) from
+exc``); one handler in the server maps this tree to responses and one catch-all answers 500.
+"""
+
+from __future__ import annotations
+
+
+class SokujiError(Exception):
+    status: int = 500
+    code: str = "internal_error"
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+class ConfigError(SokujiError):
+    code = "config_error"
+
+    @classmethod
+    def for_key(cls, key: str, value: object, reason: str) -> ConfigError:
+        return cls(f"Config '{key}' has value {value!r}: {reason}", param=key)
+
+
+class BadRequest(SokujiError):
+    status = 400
+    code = "bad_request"
+
+
+class InvalidInput(BadRequest):
+    code = "invalid_input"
+
+
+class TooManyItems(BadRequest):
+    code = "too_many_items"
+
+
+class PayloadTooLarge(BadRequest):
+    status = 413
+    code = "payload_too_large"
+
+
+class UnsupportedMediaType(BadRequest):
+    status = 415
+    code = "unsupported_media_type"
+
+
+class NotFound(SokujiError):
+    status = 404
+    code = "not_found"
+
+
+class ModelNotFound(NotFound):
+    code = "model_not_found"
+
+
+class MethodNotAllowed(SokujiError):
+    status = 405
+    code = "method_not_allowed"
+
+
+class ModelNotReady(SokujiError):
+    status = 503
+    code = "model_not_ready"
+
+
+class RuntimeFailed(SokujiError):
+    status = 500
+    code = "runtime_failed"

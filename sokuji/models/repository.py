@@ -1,0 +1,125 @@
+"""The model repository: builds each configured model's runtime and batcher, and finds them.
+
+Runtimes are imported by name only when a configured model uses them, so ``import sokuji``
+stays light and a server without ONNX models never imports onnxruntime.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from sokuji.config import DEFAULT_MODEL_NAME, ModelConfig, ServerConfig
+from sokuji.core.batcher import BatchInfo, BatcherConfig, DynamicBatcher
+from sokuji.errors import ModelNotFound, ModelNotReady
+from sokuji.runtimes.base import ModelMetadata, Runtime
+
+log = logging.getLogger(__name__)
+
+
+def _build_onnx(model: ModelConfig, server: ServerConfig) -> Runtime:
+    from sokuji.runtimes.onnx import OnnxEncoderRuntime
+
+    if model.path is None and model.name == DEFAULT_MODEL_NAME:
+        from sokuji.models import minilm
+
+        return OnnxEncoderRuntime(
+            minilm.ensure_onnx(server.cache_dir), minilm.tokenizer_path(),
+            intra_op_threads=model.intra_op_threads,
+            max_sequence_length=min(model.max_sequence_length, minilm.max_sequence_length()))
+    assert model.path is not None  # config validation guarantees it
+    from sokuji.models import minilm as default_tokenizer
+
+    tokenizer = model.tokenizer or str(default_tokenizer.tokenizer_path())
+    return OnnxEncoderRuntime(model.path, tokenizer, intra_op_threads=model.intra_op_threads,
+                              max_sequence_length=model.max_sequence_length)
+
+
+def _build_synthetic(model: ModelConfig, server: ServerConfig) -> Runtime:
+    from sokuji.runtimes.synthetic import SyntheticRuntime
+
+    return SyntheticRuntime(model.options)
+
+
+RUNTIME_BUILDERS: dict[str, Callable[[ModelConfig, ServerConfig], Runtime]] = {
+    "onnx": _build_onnx,
+    "synthetic": _build_synthetic,
+}
+
+
+@dataclass
+class Model:
+    config: ModelConfig
+    runtime: Runtime
+    metadata: ModelMetadata
+    batcher: DynamicBatcher
+    ready: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    @property
+    def version(self) -> str:
+        return self.config.version
+
+
+@dataclass
+class ModelRepository:
+    models: dict[str, Model] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, config: ServerConfig,
+             on_batch: Callable[[str], Callable[[BatchInfo], None]] | None = None,
+             ) -> ModelRepository:
+        """Build, load and warm every configured model (blocking; call before serving)."""
+        repo = cls()
+        for mc in config.models:
+            runtime = RUNTIME_BUILDERS[mc.runtime](mc, config)
+            runtime.load()
+            if mc.warmup:
+                runtime.warmup()
+            batcher = DynamicBatcher(
+                mc.name, runtime.run_batch,
+                BatcherConfig(max_batch_size=mc.max_batch_size,
+                              max_batch_tokens=mc.max_batch_tokens,
+                              max_queue_delay_ms=mc.max_queue_delay_ms,
+                              policy=mc.batching, instances=mc.instances),
+                on_batch=on_batch(mc.name) if on_batch else None)
+            repo.models[mc.name] = Model(mc, runtime, runtime.describe(), batcher)
+            log.info("model %s loaded (runtime %s)", mc.name, mc.runtime)
+        return repo
+
+    def start(self) -> None:
+        for model in self.models.values():
+            model.batcher.start()
+            model.ready = True
+
+    async def stop(self) -> None:
+        for model in self.models.values():
+            model.ready = False
+        await asyncio.gather(*(m.batcher.stop() for m in self.models.values()))
+        for model in self.models.values():
+            model.runtime.close()
+
+    def get(self, name: str, version: str | None = None) -> Model:
+        model = self.models.get(name)
+        if model is None:
+            raise ModelNotFound(f"unknown model '{name}'; available: "
+                                f"{', '.join(sorted(self.models)) or 'none'}", param="model")
+        if version not in (None, "", model.version):
+            raise ModelNotFound(f"model '{name}' has no version '{version}'; "
+                                f"available: {model.version}", param="version")
+        return model
+
+    def get_ready(self, name: str, version: str | None = None) -> Model:
+        model = self.get(name, version)
+        if not model.ready:
+            raise ModelNotReady(f"model '{name}' is not ready")
+        return model
+
+    @property
+    def ready(self) -> bool:
+        return bool(self.models) and all(m.ready for m in self.models.values())

@@ -1,0 +1,48 @@
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from starlette.testclient import TestClient
+
+from sokuji import config as cfg
+from sokuji.models.repository import ModelRepository
+from sokuji.observability.metrics import Metrics
+from sokuji.server.app import create_app
+
+ROOT = Path(__file__).resolve().parent.parent
+# One export of the built-in model per checkout, shared by every test run (it takes seconds).
+CACHE_DIR = Path(os.environ.get("SOKUJI_TEST_CACHE_DIR", ROOT / ".cache" / "sokuji"))
+
+
+def client_for(config: cfg.ServerConfig) -> TestClient:
+    metrics = Metrics()
+    repo = ModelRepository.load(config, on_batch=metrics.batch_observer)
+    return TestClient(create_app(config, repo, metrics), raise_server_exceptions=False)
+
+
+def synthetic_config(**model: object) -> cfg.ServerConfig:
+    base: dict[str, object] = {"name": "synth", "runtime": "synthetic", "max_batch_size": 8,
+                               "options": {"base_ms": 0.0}}
+    base.update(model)
+    return cfg.validate(cfg.ServerConfig(models=(cfg.ModelConfig(**base),),  # type: ignore[arg-type]
+                                         max_request_bytes=64 * 1024))
+
+
+@pytest.fixture
+def synth() -> Iterator[TestClient]:
+    with client_for(synthetic_config()) as client:
+        yield client
+
+
+@pytest.fixture(scope="session")
+def minilm_config() -> cfg.ServerConfig:
+    return cfg.validate(cfg.ServerConfig(cache_dir=str(CACHE_DIR)))
+
+
+@pytest.fixture(scope="session")
+def minilm(minilm_config: cfg.ServerConfig) -> Iterator[TestClient]:
+    with client_for(minilm_config) as client:
+        yield client

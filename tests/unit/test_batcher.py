@@ -1,0 +1,275 @@
+"""The dynamic batcher, driven by a gated fake runtime: no sleeps, no wall-clock waits."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+
+from sokuji.config import BatchPolicy
+from sokuji.core.batcher import BatchInfo, BatcherConfig, DynamicBatcher
+from sokuji.core.request import STAGES, InferenceRequest, Stage, Timeline
+from sokuji.errors import RuntimeFailed
+from sokuji.runtimes.base import Prepared
+
+WAIT_S = 10  # a safety net against hangs; no test relies on it elapsing
+
+
+class GatedRuntime:
+    """Records every batch; each batch blocks until the test opens its gate."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, gated: bool = True) -> None:
+        self.loop = loop
+        self.batches: list[list[str]] = []
+        self.gates: list[threading.Event] = []
+        self.started = asyncio.Queue[int]()
+        self.gated = gated
+        self.fail_on: str | None = None
+        self.crash_on: str | None = None
+
+    def run_batch(self, batch: Sequence[Prepared]) -> list[np.ndarray]:
+        texts = [t for p in batch for t in p.data]
+        gate = threading.Event()
+        self.batches.append(texts)
+        self.gates.append(gate)
+        self.loop.call_soon_threadsafe(self.started.put_nowait, len(self.batches) - 1)
+        if self.gated:
+            gate.wait(WAIT_S)
+        if self.fail_on in texts:
+            raise RuntimeFailed(f"bad item {self.fail_on}")
+        if self.crash_on in texts:
+            raise ZeroDivisionError("runtime bug")
+        return [np.asarray([[float(len(t))] for t in p.data]) for p in batch]
+
+    async def next_batch(self) -> list[str]:
+        index = await asyncio.wait_for(self.started.get(), WAIT_S)
+        return self.batches[index]
+
+    def open(self, index: int) -> None:
+        self.gates[index].set()
+
+
+def make_request(texts: list[str], length: int | None = None) -> InferenceRequest:
+    n = length if length is not None else max(len(t) for t in texts)
+    prepared = Prepared(data=texts, num_items=len(texts), length=n, num_tokens=n * len(texts))
+    return InferenceRequest(model="m", payload=prepared, num_items=len(texts), length=n,
+                            timeline=Timeline())
+
+
+@pytest.fixture
+async def rt() -> GatedRuntime:
+    return GatedRuntime(asyncio.get_running_loop())
+
+
+async def start(rt: GatedRuntime, **kw: object) -> tuple[DynamicBatcher, list[BatchInfo]]:
+    infos: list[BatchInfo] = []
+    b = DynamicBatcher("m", rt.run_batch, BatcherConfig(**kw), on_batch=infos.append)  # type: ignore[arg-type]
+    b.start()
+    return b, infos
+
+
+async def test_idle_model_starts_a_request_at_once(rt: GatedRuntime) -> None:
+    b, _ = await start(rt, max_batch_size=8, max_queue_delay_ms=10_000)
+    task = asyncio.create_task(b.submit(make_request(["alone"])))
+    assert await rt.next_batch() == ["alone"]  # dispatched without waiting the 10 s delay
+    rt.open(0)
+    assert (await task).tolist() == [[5.0]]
+    await b.stop()
+
+
+async def test_arrivals_during_a_batch_form_the_next_batch(rt: GatedRuntime) -> None:
+    b, infos = await start(rt, max_batch_size=8)
+    first = asyncio.create_task(b.submit(make_request(["a"])))
+    await rt.next_batch()
+    later = [asyncio.create_task(b.submit(make_request([f"r{i}"]))) for i in range(5)]
+    await asyncio.sleep(0)  # let the submits enqueue (a scheduling yield, not a timed wait)
+    assert b.num_waiting == 5
+    rt.open(0)
+    assert sorted(await rt.next_batch()) == [f"r{i}" for i in range(5)]
+    rt.open(1)
+    await asyncio.gather(first, *later)
+    assert [i.num_items for i in infos] == [1, 5]
+    await b.stop()
+
+
+async def test_max_batch_size_splits_the_queue(rt: GatedRuntime) -> None:
+    rt.gated = False
+    b, infos = await start(rt, max_batch_size=4, policy=BatchPolicy.FIFO)
+    blocker = threading.Event()
+    original = rt.run_batch
+
+    def first_blocks(batch: Sequence[Prepared]) -> list[np.ndarray]:
+        if not rt.batches:
+            rt.batches.append([])
+            blocker.wait(WAIT_S)
+            return [np.zeros((p.num_items, 1)) for p in batch]
+        return original(batch)
+
+    b._run_batch = first_blocks
+    head = asyncio.create_task(b.submit(make_request(["h"])))
+    await asyncio.sleep(0)
+    tasks = [asyncio.create_task(b.submit(make_request([f"x{i}"]))) for i in range(10)]
+    await asyncio.sleep(0)
+    blocker.set()
+    await asyncio.gather(head, *tasks)
+    assert [i.num_items for i in infos] == [1, 4, 4, 2]
+    assert rt.batches[1:] == [["x0", "x1", "x2", "x3"], ["x4", "x5", "x6", "x7"], ["x8", "x9"]]
+    await b.stop()
+
+
+async def test_results_come_back_in_each_requests_item_order(rt: GatedRuntime) -> None:
+    rt.gated = False
+    b, _ = await start(rt, max_batch_size=16)
+    outs = await asyncio.gather(b.submit(make_request(["a", "bbb", "cc"])),
+                                b.submit(make_request(["dddd", "e"])))
+    assert outs[0].ravel().tolist() == [1.0, 3.0, 2.0]
+    assert outs[1].ravel().tolist() == [4.0, 1.0]
+    await b.stop()
+
+
+async def test_length_aware_groups_similar_lengths_with_the_oldest(rt: GatedRuntime) -> None:
+    b, _ = await start(rt, max_batch_size=3, policy=BatchPolicy.LENGTH)
+    first = asyncio.create_task(b.submit(make_request(["busy"])))
+    await rt.next_batch()
+    lengths = {"L50": 50, "s5": 5, "L48": 48, "s6": 6, "L52": 52, "s4": 4}
+    tasks = [asyncio.create_task(b.submit(make_request([name], n)))
+             for name, n in lengths.items()]
+    await asyncio.sleep(0)
+    rt.open(0)
+    assert sorted(await rt.next_batch()) == ["L48", "L50", "L52"]  # the oldest is L50
+    rt.open(1)
+    assert sorted(await rt.next_batch()) == ["s4", "s5", "s6"]
+    rt.open(2)
+    await asyncio.gather(first, *tasks)
+    await b.stop()
+
+
+async def test_fifo_takes_arrival_order(rt: GatedRuntime) -> None:
+    b, _ = await start(rt, max_batch_size=3, policy=BatchPolicy.FIFO)
+    first = asyncio.create_task(b.submit(make_request(["busy"])))
+    await rt.next_batch()
+    names = ["L50", "s5", "L48", "s6"]
+    tasks = [asyncio.create_task(b.submit(make_request([n], 50 if n[0] == "L" else 5)))
+             for n in names]
+    await asyncio.sleep(0)
+    rt.open(0)
+    assert await rt.next_batch() == ["L50", "s5", "L48"]
+    rt.open(1)
+    assert await rt.next_batch() == ["s6"]
+    rt.open(2)
+    await asyncio.gather(first, *tasks)
+    await b.stop()
+
+
+async def test_token_budget_bounds_a_batch(rt: GatedRuntime) -> None:
+    b, infos = await start(rt, max_batch_size=32, max_batch_tokens=100,
+                           policy=BatchPolicy.LENGTH)
+    first = asyncio.create_task(b.submit(make_request(["busy"])))
+    await rt.next_batch()
+    tasks = [asyncio.create_task(b.submit(make_request([f"t{i}"], 40))) for i in range(5)]
+    huge = asyncio.create_task(b.submit(make_request(["huge"], 500)))
+    await asyncio.sleep(0)
+    rt.open(0)
+    for i in range(1, 5):  # [t0 t1] [t2 t3] [t4] [huge], in some order
+        await rt.next_batch()
+        rt.open(i)
+    await asyncio.gather(first, huge, *tasks)
+    sizes = [(i.num_items, i.padded_tokens) for i in infos[1:]]
+    assert all(tokens <= 100 for n, tokens in sizes if n > 1)
+    assert (1, 500) in sizes  # an oversized request still runs, alone
+    assert sum(n for n, _ in sizes) == 6
+    await b.stop()
+
+
+async def test_a_failing_batch_fails_only_its_own_requests(rt: GatedRuntime) -> None:
+    rt.fail_on = "bad"
+    b, _ = await start(rt, max_batch_size=2, policy=BatchPolicy.FIFO)
+    first = asyncio.create_task(b.submit(make_request(["busy"])))
+    await rt.next_batch()
+    doomed = [asyncio.create_task(b.submit(make_request([t]))) for t in ("bad", "x")]
+    fine = [asyncio.create_task(b.submit(make_request([t]))) for t in ("y", "z")]
+    await asyncio.sleep(0)
+    for i in range(3):
+        rt.open(i)
+        if i < 2:
+            await rt.next_batch()
+    results = await asyncio.gather(*doomed, *fine, first, return_exceptions=True)
+    assert all(isinstance(r, RuntimeFailed) for r in results[:2])
+    assert [r.ravel().tolist() for r in results[2:4]] == [[1.0], [1.0]]  # type: ignore[union-attr]
+    await b.stop()
+
+
+async def test_an_unexpected_runtime_exception_becomes_runtime_failed(rt: GatedRuntime) -> None:
+    rt.gated, rt.crash_on = False, "boom"
+    b, _ = await start(rt)
+    with pytest.raises(RuntimeFailed, match="ZeroDivisionError"):
+        await b.submit(make_request(["boom"]))
+    assert (await b.submit(make_request(["ok"]))).tolist() == [[2.0]]  # the loop survived
+    await b.stop()
+
+
+async def test_a_cancelled_request_leaves_the_queue(rt: GatedRuntime) -> None:
+    b, _ = await start(rt)
+    first = asyncio.create_task(b.submit(make_request(["busy"])))
+    await rt.next_batch()
+    gone = asyncio.create_task(b.submit(make_request(["gone"])))
+    kept = asyncio.create_task(b.submit(make_request(["kept"])))
+    await asyncio.sleep(0)
+    gone.cancel()
+    await asyncio.gather(gone, return_exceptions=True)
+    assert b.num_waiting == 1
+    rt.open(0)
+    assert await rt.next_batch() == ["kept"]
+    rt.open(1)
+    await asyncio.gather(first, kept)
+    await b.stop()
+
+
+async def test_with_a_busy_instance_a_partial_batch_waits_for_company(rt: GatedRuntime) -> None:
+    b, _ = await start(rt, max_batch_size=2, instances=2, max_queue_delay_ms=60_000)
+    first = asyncio.create_task(b.submit(make_request(["one"])))
+    await rt.next_batch()
+    second = asyncio.create_task(b.submit(make_request(["two"])))
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert len(rt.batches) == 1 and b.num_waiting == 1  # waiting, not dispatched alone
+    third = asyncio.create_task(b.submit(make_request(["three"])))
+    assert sorted(await rt.next_batch()) == ["three", "two"]  # full batch: goes at once
+    rt.open(0)
+    rt.open(1)
+    await asyncio.gather(first, second, third)
+    await b.stop()
+
+
+async def test_timeline_stages_tile_the_request(rt: GatedRuntime) -> None:
+    rt.gated = False
+    b, _ = await start(rt)
+    req = make_request(["abc"])
+    req.timeline.mark(Stage.DECODE)
+    req.timeline.mark(Stage.PREPROCESS)
+    await b.submit(req)
+    req.timeline.mark(Stage.POSTPROCESS)
+    req.timeline.mark(Stage.ENCODE)
+    tl = req.timeline
+    assert set(tl.durations_ns) == set(STAGES)
+    assert sum(tl.durations_ns.values()) == tl.total_ns
+    assert all(v >= 0 for v in tl.durations_ns.values())
+    await b.stop()
+
+
+async def test_stop_fails_what_is_still_queued(rt: GatedRuntime) -> None:
+    b, _ = await start(rt)
+    first = asyncio.create_task(b.submit(make_request(["busy"])))
+    await rt.next_batch()
+    queued = asyncio.create_task(b.submit(make_request(["queued"])))
+    await asyncio.sleep(0)
+    stopping = asyncio.create_task(b.stop())
+    await asyncio.sleep(0)
+    rt.open(0)
+    await stopping
+    assert (await first).tolist() == [[4.0]]  # the running batch finished
+    with pytest.raises(RuntimeFailed, match="stopped"):
+        await queued

@@ -1,0 +1,87 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sokuji import config as cfg
+from sokuji.errors import ConfigError
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "sokuji.toml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults_serve_the_builtin_model() -> None:
+    config = cfg.load(env={})
+    assert config.port == 8000 and config.host == "127.0.0.1"
+    assert [m.name for m in config.models] == ["minilm"]
+    assert config.models[0].batching is cfg.BatchPolicy.LENGTH
+
+
+def test_file_then_env_then_flags(tmp_path: Path) -> None:
+    path = write(tmp_path, """
+port = 9000
+host = "0.0.0.0"
+[[models]]
+name = "fake"
+runtime = "synthetic"
+max_batch_size = 4
+max_queue_delay_ms = 5
+batching = "fifo"
+[models.options]
+base_ms = 2.5
+""")
+    config = cfg.load(path, env={"SOKUJI_PORT": "9100"}, overrides={"host": "127.0.0.2"})
+    assert config.port == 9100 and config.host == "127.0.0.2"
+    model = config.model("fake")
+    assert model is not None
+    assert (model.max_batch_size, model.max_queue_delay_ms) == (4, 5.0)
+    assert model.batching is cfg.BatchPolicy.FIFO and model.options == {"base_ms": 2.5}
+
+
+def test_config_file_from_environment(tmp_path: Path) -> None:
+    path = write(tmp_path, "port = 9200\n")
+    assert cfg.load(env={"SOKUJI_CONFIG": str(path)}).port == 9200
+
+
+@pytest.mark.parametrize(("text", "key", "value"), [
+    ('[[models]]\nname="m"\nruntime="synthetic"\nmax_batch_size=0\n',
+     "models[0].max_batch_size", "0"),
+    ('[[models]]\nname="m"\nruntime="synthetic"\nmax_batch_size="many"\n',
+     "models[0].max_batch_size", "'many'"),
+    ('[[models]]\nname="m"\nruntime="tensorflow"\n', "models[0].runtime", "'tensorflow'"),
+    ('[[models]]\nname="m"\nruntime="synthetic"\nbatching="random"\n',
+     "models[0].batching", "'random'"),
+    ('[[models]]\nname="m"\nruntime="synthetic"\nwarmup="perhaps"\n',
+     "models[0].warmup", "'perhaps'"),
+    ('[[models]]\nname="m"\nruntime="synthetic"\nbatch_size=4\n',
+     "models[0].batch_size", "4"),
+    ('[[models]]\nname="m"\nruntime="onnx"\n', "models[0].path", "None"),
+    ('[[models]]\nname="m"\nruntime="onnx"\npath="/no/such.onnx"\n',
+     "models[0].path", "'/no/such.onnx'"),
+    ('[[models]]\nname="m"\nruntime="synthetic"\n[[models]]\nname="m"\nruntime="synthetic"\n',
+     "models[1].name", "'m'"),
+    ("port = 70000\n", "port", "70000"),
+    ("log_level = 'loud'\n", "log_level", "'loud'"),
+    ("colour = 'blue'\n", "colour", "'blue'"),
+])
+def test_invalid_values_name_the_key_and_value(tmp_path: Path, text: str, key: str,
+                                               value: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        cfg.load(write(tmp_path, text), env={})
+    assert f"Config '{key}' has value {value}" in err.value.message
+
+
+def test_invalid_environment_value_is_named() -> None:
+    with pytest.raises(ConfigError, match="SOKUJI_PORT' has value 'eighty'"):
+        cfg.load(env={"SOKUJI_PORT": "eighty"})
+
+
+def test_missing_and_malformed_files(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="no such file"):
+        cfg.load(tmp_path / "absent.toml", env={})
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        cfg.load(write(tmp_path, "port = = 1"), env={})

@@ -1,0 +1,246 @@
+"""The HTTP surface in-process, on the synthetic runtime: protocols, timing, and every 4xx."""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import orjson
+import pytest
+from starlette.testclient import TestClient
+
+from sokuji.core.request import STAGES, TOTAL
+from tests.conftest import client_for, synthetic_config
+
+INFER = "/v2/models/synth/infer"
+
+
+def v2_body(texts: list[Any], **extra: Any) -> dict[str, Any]:
+    doc = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [len(texts)],
+                       "data": texts}]}
+    doc.update(extra)
+    return doc
+
+
+def parse_server_timing(value: str) -> dict[str, float]:
+    out = {}
+    for part in value.split(","):
+        name, dur = part.strip().split(";dur=")
+        out[name] = float(dur)
+    return out
+
+
+def test_v2_infer_answers_with_outputs_id_and_server_timing(synth: TestClient) -> None:
+    r = synth.post(INFER, json=v2_body(["ab", "abcd"], id="req-7",
+                                       parameters={"custom": 1}))
+    assert r.status_code == 200, r.text
+    doc = r.json()
+    assert doc["id"] == "req-7" and doc["model_name"] == "synth"
+    assert doc["outputs"] == [{"name": "length", "datatype": "FP32", "shape": [2, 1],
+                               "data": [2.0, 4.0]}]
+    timing = parse_server_timing(r.headers["server-timing"])
+    assert list(timing) == [s.value for s in STAGES] + [TOTAL]
+    assert sum(v for k, v in timing.items() if k != TOTAL) == pytest.approx(
+        timing[TOTAL], abs=0.01)
+
+
+def test_v2_binary_tensor_extension_both_ways(synth: TestClient) -> None:
+    texts = ["héllo", "wörld!"]
+    blob = b"".join(struct.pack("<I", len(t.encode())) + t.encode() for t in texts)
+    head = orjson.dumps({"inputs": [{"name": "text", "datatype": "BYTES", "shape": [2],
+                                     "parameters": {"binary_data_size": len(blob)}}],
+                         "parameters": {"binary_data_output": True}})
+    r = synth.post(INFER, content=head + blob, headers={
+        "content-type": "application/octet-stream",
+        "inference-header-content-length": str(len(head))})
+    assert r.status_code == 200, r.text
+    n = int(r.headers["inference-header-content-length"])
+    doc = orjson.loads(r.content[:n])
+    assert doc["outputs"][0]["parameters"]["binary_data_size"] == 8
+    assert struct.unpack("<2f", r.content[n:]) == (5.0, 6.0)
+
+
+def test_v2_shape_n_by_1_and_nested_data(synth: TestClient) -> None:
+    body = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [2, 1],
+                        "data": [["a"], ["bb"]]}]}
+    r = synth.post(INFER, json=body)
+    assert r.status_code == 200 and r.json()["outputs"][0]["data"] == [1.0, 2.0]
+
+
+def test_health_metadata_and_models(synth: TestClient) -> None:
+    assert synth.get("/v2/health/live").status_code == 200
+    assert synth.get("/v2/health/ready").status_code == 200
+    assert synth.get("/v2").json()["name"] == "sokuji"
+    meta = synth.get("/v2/models/synth").json()
+    assert meta["inputs"] == [{"name": "text", "datatype": "BYTES", "shape": [-1]}]
+    assert synth.get("/v2/models/synth/versions/1").json()["versions"] == ["1"]
+    assert synth.get("/v2/models/synth/ready").status_code == 200
+    assert synth.get("/v1/models").json()["data"][0]["id"] == "synth"
+
+
+def test_metrics_are_derived_from_the_timeline(synth: TestClient) -> None:
+    for _ in range(3):
+        assert synth.post(INFER, json=v2_body(["x"])).status_code == 200
+    synth.post(INFER, json={"inputs": []})
+    text = synth.get("/metrics").text
+    for stage in STAGES:
+        assert f'sokuji_stage_duration_seconds_count{{model="synth",stage="{stage}"}} 3.0' \
+            in text
+    assert 'sokuji_request_duration_seconds_count{model="synth"} 3.0' in text
+    assert 'sokuji_requests_total{model="synth",status="200"} 3.0' in text
+    assert 'sokuji_requests_total{model="synth",status="400"} 1.0' in text
+    assert 'sokuji_batch_size_count{model="synth"}' in text
+    assert 'sokuji_queue_depth{model="synth"} 0.0' in text
+
+
+# --- bad input: a clear 4xx naming the problem, never a 500 ---------------------------------
+
+BAD_V2: list[tuple[str, dict[str, Any], int, str]] = [
+    ("missing inputs", {"id": "x"}, 400, "'inputs' must be a non-empty list"),
+    ("empty inputs", {"inputs": []}, 400, "'inputs' must be a non-empty list"),
+    ("extra input", {"inputs": [
+        {"name": "text", "datatype": "BYTES", "shape": [1], "data": ["a"]},
+        {"name": "image", "datatype": "BYTES", "shape": [1], "data": ["b"]}]},
+     400, "unexpected input 'image'"),
+    ("wrong input name", {"inputs": [
+        {"name": "txt", "datatype": "BYTES", "shape": [1], "data": ["a"]}]},
+     400, "unexpected input 'txt'"),
+    ("input twice", {"inputs": [
+        {"name": "text", "datatype": "BYTES", "shape": [1], "data": ["a"]},
+        {"name": "text", "datatype": "BYTES", "shape": [1], "data": ["b"]}]},
+     400, "given twice"),
+    ("wrong datatype", {"inputs": [
+        {"name": "text", "datatype": "FP32", "shape": [1], "data": [1.0]}]},
+     400, "datatype 'FP32'; expected BYTES"),
+    ("shape mismatch", {"inputs": [
+        {"name": "text", "datatype": "BYTES", "shape": [3], "data": ["a"]}]},
+     400, "shape [3] with 1 elements"),
+    ("bad shape type", {"inputs": [
+        {"name": "text", "datatype": "BYTES", "shape": "two", "data": ["a"]}]},
+     400, "has shape 'two'"),
+    ("non-string element", {"inputs": [
+        {"name": "text", "datatype": "BYTES", "shape": [2], "data": ["a", 7]}]},
+     400, "element 1 is int"),
+    ("empty batch", {"inputs": [
+        {"name": "text", "datatype": "BYTES", "shape": [0], "data": []}]},
+     400, "is empty"),
+    ("too many items", v2_body(["a"] * 9), 400, "has 9 items; this model takes at most 8"),
+    ("unknown output", {**v2_body(["a"]), "outputs": [{"name": "logits"}]},
+     400, "unknown output 'logits'"),
+    ("id not a string", {**v2_body(["a"]), "id": 5}, 400, "'id' must be a string"),
+    ("no data", {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1]}]},
+     400, "neither 'data' nor binary data"),
+]
+
+
+@pytest.mark.parametrize(("case", "body", "status", "reason"), BAD_V2,
+                         ids=[c[0] for c in BAD_V2])
+def test_bad_v2_requests(synth: TestClient, case: str, body: dict[str, Any], status: int,
+                         reason: str) -> None:
+    r = synth.post(INFER, json=body)
+    assert r.status_code == status, r.text
+    assert reason in r.json()["error"]
+
+
+def test_malformed_json(synth: TestClient) -> None:
+    r = synth.post(INFER, content=b'{"inputs": [', headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "malformed JSON" in r.json()["error"]
+    r = synth.post(INFER, content=b"[1, 2]", headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "must be a JSON object" in r.json()["error"]
+
+
+def test_non_utf8_text(synth: TestClient) -> None:
+    body = b'{"inputs":[{"name":"text","datatype":"BYTES","shape":[1],"data":["\xff\xfe"]}]}'
+    r = synth.post(INFER, content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "not valid UTF-8" in r.json()["error"]
+    blob = struct.pack("<I", 2) + b"\xff\xfe"
+    head = orjson.dumps({"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1],
+                                     "parameters": {"binary_data_size": len(blob)}}]})
+    r = synth.post(INFER, content=head + blob, headers={
+        "content-type": "application/octet-stream",
+        "inference-header-content-length": str(len(head))})
+    assert r.status_code == 400 and "element 0 is not valid UTF-8" in r.json()["error"]
+
+
+def test_bad_binary_framing(synth: TestClient) -> None:
+    head = orjson.dumps(v2_body(["a"]))
+    r = synth.post(INFER, content=head + b"junk", headers={
+        "inference-header-content-length": str(len(head))})
+    assert r.status_code == 400 and "belong to no input" in r.json()["error"]
+    r = synth.post(INFER, content=head, headers={"inference-header-content-length": "99999"})
+    assert r.status_code == 400 and "does not fit" in r.json()["error"]
+    r = synth.post(INFER, content=head, headers={"inference-header-content-length": "ten"})
+    assert r.status_code == 400 and "not an integer" in r.json()["error"]
+
+
+def test_wrong_content_type(synth: TestClient) -> None:
+    r = synth.post(INFER, content=orjson.dumps(v2_body(["a"])),
+                   headers={"content-type": "text/plain"})
+    assert r.status_code == 415 and "text/plain" in r.json()["error"]
+    r = synth.post("/v1/embeddings", content=b"{}", headers={"content-type": "text/csv"})
+    assert r.status_code == 415 and "text/csv" in r.json()["error"]["message"]
+
+
+def test_compressed_body_is_refused_clearly(synth: TestClient) -> None:
+    r = synth.post(INFER, content=b"x", headers={"content-encoding": "gzip"})
+    assert r.status_code == 415 and "gzip" in r.json()["error"]
+
+
+def test_body_over_the_limit(synth: TestClient) -> None:
+    big = orjson.dumps(v2_body(["a" * 70_000]))
+    r = synth.post(INFER, content=big, headers={"content-type": "application/json"})
+    assert r.status_code == 413 and "exceeds the limit" in r.json()["error"]
+
+    def chunks():  # no Content-Length: the limit is enforced while reading
+        for _ in range(20):
+            yield b"x" * 8192
+    r = synth.post(INFER, content=chunks(), headers={"content-type": "application/json"})
+    assert r.status_code == 413
+
+
+def test_unknown_model_version_route_and_method(synth: TestClient) -> None:
+    r = synth.post("/v2/models/nope/infer", json=v2_body(["a"]))
+    assert r.status_code == 404 and "unknown model 'nope'" in r.json()["error"]
+    r = synth.post("/v2/models/synth/versions/7/infer", json=v2_body(["a"]))
+    assert r.status_code == 404 and "no version '7'" in r.json()["error"]
+    assert synth.get("/v2/models/nope").status_code == 404
+    r = synth.get("/v2/nothing/here")
+    assert r.status_code == 404 and r.json()["code"] == "not_found"
+    r = synth.get(INFER)
+    assert r.status_code == 405 and r.json()["code"] == "method_not_allowed"
+
+
+BAD_OPENAI: list[tuple[str, Any, int, str]] = [
+    ("missing input", {"model": "synth"}, 400, "'input' is required"),
+    ("missing model", {"input": "a"}, 400, "'model' is required"),
+    ("empty list", {"model": "synth", "input": []}, 400, "empty list"),
+    ("token ids", {"model": "synth", "input": [[1, 2, 3]]}, 400, "token-id input"),
+    ("wrong type", {"model": "synth", "input": 5}, 400, "must be a string or a list"),
+    ("bad format", {"model": "synth", "input": "a", "encoding_format": "int8"}, 400,
+     "'encoding_format' 'int8'"),
+    ("extra field", {"model": "synth", "input": "a", "temperature": 0}, 400,
+     "unrecognized request argument(s): temperature"),
+    ("dimensions", {"model": "synth", "input": "a", "dimensions": 64}, 400,
+     "'dimensions' 64 is not supported"),
+    ("too many", {"model": "synth", "input": ["a"] * 9}, 400, "has 9 items"),
+    ("unknown model", {"model": "gpt-9", "input": "a"}, 404, "unknown model 'gpt-9'"),
+    ("not an object", ["a"], 400, "must be a JSON object"),
+]
+
+
+@pytest.mark.parametrize(("case", "body", "status", "reason"), BAD_OPENAI,
+                         ids=[c[0] for c in BAD_OPENAI])
+def test_bad_openai_requests(synth: TestClient, case: str, body: Any, status: int,
+                             reason: str) -> None:
+    r = synth.post("/v1/embeddings", json=body)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert reason in err["message"] and err["type"] == "invalid_request_error"
+
+
+def test_a_runtime_failure_is_reported_and_contained() -> None:
+    config = synthetic_config(options={"base_ms": 0.0, "fail_on": "poison"})
+    with client_for(config) as client:
+        r = client.post(INFER, json=v2_body(["poison"]))
+        assert r.status_code == 500 and "synthetic failure" in r.json()["error"]
+        assert client.post(INFER, json=v2_body(["fine"])).status_code == 200
