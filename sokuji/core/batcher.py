@@ -207,7 +207,7 @@ class DynamicBatcher:
                                     f"for a batch of {len(batch)} requests")
         except SokujiError as exc:
             self._fail(batch, exc)
-        except Exception as exc:  # noqa: BLE001 - a runtime bug must fail its batch, not the loop
+        except Exception as exc:
             log.exception("model %s: run_batch raised", self.name)
             self._fail(batch, RuntimeFailed(f"model '{self.name}' failed: {exc!r}"))
         else:

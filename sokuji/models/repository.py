@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sokuji.config import DEFAULT_MODEL_NAME, ModelConfig, ServerConfig
-from sokuji.core.batcher import BatchInfo, BatcherConfig, DynamicBatcher
+from sokuji.core.batcher import BatcherConfig, BatchInfo, DynamicBatcher
 from sokuji.errors import ModelNotFound, ModelNotReady
 from sokuji.runtimes.base import ModelMetadata, Runtime
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -20,6 +21,11 @@ LATENCY_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 TOKEN_BUCKETS = (16, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768)
 CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+class _Queue(Protocol):
+    @property
+    def num_waiting(self) -> int: ...
 
 
 @dataclass
@@ -62,7 +68,7 @@ class Metrics:
             ["model", "status"], registry=r)
         self._series: dict[str, _ModelSeries] = {}
 
-    def add_model(self, name: str, num_waiting: Callable[[], int]) -> None:
+    def add_model(self, name: str, queue: _Queue) -> None:
         self._series[name] = _ModelSeries(
             request=self.request_duration.labels(name),
             stages=[(s, self.stage_duration.labels(name, s.value)) for s in STAGES],
@@ -71,7 +77,7 @@ class Metrics:
             padding=self.padding_tokens.labels(name),
             tokens=self.input_tokens.labels(name),
         )
-        self.queue_depth.labels(name).set_function(lambda: float(num_waiting()))
+        self.queue_depth.labels(name).set_function(lambda: float(queue.num_waiting))
 
     def batch_observer(self, name: str) -> Callable[[BatchInfo], None]:
         def observe(info: BatchInfo) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -32,8 +33,8 @@ class OnnxEncoderRuntime:
         self.tokenizer_path = Path(tokenizer_path)
         self.intra_op_threads = intra_op_threads or auto_threads()
         self.max_sequence_length = max_sequence_length
-        self._session = None
-        self._tokenizer = None
+        self._session: Any = None
+        self._tokenizer: Any = None
         self._input_names: tuple[str, ...] = ()
         self._output_name = ""
         self._dim = -1
@@ -44,7 +45,7 @@ class OnnxEncoderRuntime:
 
         try:
             tokenizer = Tokenizer.from_file(str(self.tokenizer_path))
-        except Exception as exc:  # noqa: BLE001 - tokenizers raises plain Exception
+        except Exception as exc:
             raise ConfigError.for_key("tokenizer", str(self.tokenizer_path),
                                       f"cannot load: {exc}") from exc
         tokenizer.no_padding()
@@ -61,7 +62,7 @@ class OnnxEncoderRuntime:
         try:
             self._session = ort.InferenceSession(str(self.model_path), opts,
                                                  providers=["CPUExecutionProvider"])
-        except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own bare types
+        except Exception as exc:
             raise ConfigError.for_key("path", str(self.model_path),
                                       f"ONNX Runtime cannot load it: {exc}") from exc
         names = tuple(i.name for i in self._session.get_inputs())
@@ -111,7 +112,7 @@ class OnnxEncoderRuntime:
             feeds["token_type_ids"] = np.zeros_like(input_ids)
         try:
             out = self._session.run([self._output_name], feeds)[0]
-        except Exception as exc:  # noqa: BLE001 - translated at the adapter boundary
+        except Exception as exc:
             raise RuntimeFailed(f"ONNX Runtime failed on a batch of {len(rows)}: {exc}") from exc
         results, start = [], 0
         for p in batch:

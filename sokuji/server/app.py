@@ -218,7 +218,7 @@ def create_app(config: ServerConfig, repo: ModelRepository,
     """The ASGI app over an already-loaded repository; batchers start with the lifespan."""
     metrics = metrics or Metrics()
     for name, model in repo.models.items():
-        metrics.add_model(name, lambda b=model.batcher: b.num_waiting)
+        metrics.add_model(name, model.batcher)
     h = Handlers(config, repo, metrics)
 
     @asynccontextmanager
@@ -252,7 +252,7 @@ def create_app(config: ServerConfig, repo: ModelRepository,
         Exception: h.on_unexpected,
     }
     app = Starlette(routes=routes, lifespan=lifespan,
-                    exception_handlers=handlers)  # type: ignore[arg-type]
+                    exception_handlers=handlers)
     app.state.metrics = metrics
     app.state.repo = repo
     return _StampArrival(app)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from sokuji.config import BatchPolicy
-from sokuji.core.batcher import BatchInfo, BatcherConfig, DynamicBatcher
+from sokuji.core.batcher import BatcherConfig, BatchInfo, DynamicBatcher
 from sokuji.core.request import STAGES, InferenceRequest, Stage, Timeline
 from sokuji.errors import RuntimeFailed
 from sokuji.runtimes.base import Prepared

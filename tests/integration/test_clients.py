@@ -1,0 +1,183 @@
+"""A real ``sokuji serve`` process, driven by the official tritonclient and openai SDKs."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import CACHE_DIR
+
+pytestmark = pytest.mark.integration
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_ready(proc: subprocess.Popen[bytes], url: str, timeout_s: float = 60.0) -> None:
+    import urllib.request
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=1) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.1)  # polling a child process's start-up, not waiting on our own code
+    raise TimeoutError(url)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    port = free_port()
+    config = tmp_path_factory.mktemp("cfg") / "sokuji.toml"
+    config.write_text(f"""
+port = {port}
+cache_dir = "{CACHE_DIR}"
+[[models]]
+name = "minilm"
+max_batch_size = 16
+intra_op_threads = 1
+""")
+    proc = subprocess.Popen([sys.executable, "-m", "sokuji", "serve", "--config", str(config)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_ready(proc, f"http://127.0.0.1:{port}/v2/health/ready")
+        yield f"127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+
+
+def test_tritonclient_http(server: str) -> None:
+    import tritonclient.http as httpclient
+
+    client = httpclient.InferenceServerClient(url=server)
+    assert client.is_server_live() and client.is_server_ready()
+    assert client.is_model_ready("minilm")
+    meta = client.get_model_metadata("minilm")
+    assert meta["inputs"][0]["datatype"] == "BYTES"
+    texts = np.array(["a first sentence", "and the second, a bit longer"], dtype=np.object_)
+    results = []
+    for binary_in in (True, False):
+        for binary_out in (True, False):
+            inp = httpclient.InferInput("text", [2], "BYTES")
+            inp.set_data_from_numpy(texts, binary_data=binary_in)
+            out = httpclient.InferRequestedOutput("embedding", binary_data=binary_out)
+            res = client.infer("minilm", [inp], outputs=[out], request_id="t-1")
+            emb = res.as_numpy("embedding")
+            assert emb.shape == (2, 384) and emb.dtype == np.float32
+            assert res.get_response()["id"] == "t-1"
+            results.append(emb)
+    inp = httpclient.InferInput("text", [2], "BYTES")
+    inp.set_data_from_numpy(texts)
+    results.append(client.infer("minilm", [inp]).as_numpy("embedding"))  # all defaults
+    for emb in results[1:]:
+        np.testing.assert_allclose(emb, results[0], atol=1e-5)
+    np.testing.assert_allclose(np.linalg.norm(results[0], axis=1), 1.0, atol=1e-4)
+
+
+def test_tritonclient_sees_clear_errors(server: str) -> None:
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+
+    client = httpclient.InferenceServerClient(url=server)
+    inp = httpclient.InferInput("text", [1], "BYTES")
+    inp.set_data_from_numpy(np.array(["x"], dtype=np.object_))
+    with pytest.raises(InferenceServerException, match="unknown model 'nope'"):
+        client.infer("nope", [inp])
+    bad = httpclient.InferInput("text", [1], "FP32")
+    bad.set_data_from_numpy(np.array([1.0], dtype=np.float32))
+    with pytest.raises(InferenceServerException, match="expected BYTES"):
+        client.infer("minilm", [bad])
+
+
+def test_openai_sdk_embeddings(server: str) -> None:
+    import openai
+
+    client = openai.OpenAI(base_url=f"http://{server}/v1", api_key="unused", max_retries=0)
+    res = client.embeddings.create(model="minilm", input=["hello there", "general kenobi"])
+    assert len(res.data) == 2 and len(res.data[0].embedding) == 384
+    assert res.usage.prompt_tokens > 0
+    as_float = client.embeddings.create(model="minilm", input="hello there",
+                                        encoding_format="float")
+    np.testing.assert_allclose(as_float.data[0].embedding, res.data[0].embedding, atol=1e-5)
+    with pytest.raises(openai.NotFoundError, match="unknown model"):
+        client.embeddings.create(model="nope", input="x")
+    with pytest.raises(openai.BadRequestError, match="token-id input"):
+        client.embeddings.create(model="minilm", input=[[101, 102]])
+
+
+def test_concurrent_requests_are_batched_and_timed(server: str) -> None:
+    import urllib.request
+
+    import orjson
+
+    def call(i: int) -> tuple[list[float], str]:
+        body = orjson.dumps({"model": "minilm", "input": f"sentence number {i} " * (1 + i % 7)})
+        req = urllib.request.Request(f"http://{server}/v1/embeddings", data=body,
+                                     headers={"content-type": "application/json"})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return orjson.loads(r.read())["data"][0]["embedding"], r.headers["server-timing"]
+
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(call, range(64)))
+    assert all(len(e) == 384 and "infer;dur=" in t for e, t in results)
+    import urllib.request as u
+
+    with u.urlopen(f"http://{server}/metrics") as r:
+        text = r.read().decode()
+    count = sum_ = 0.0
+    for line in text.splitlines():
+        if line.startswith('sokuji_batch_size_count{model="minilm"}'):
+            count = float(line.split()[-1])
+        if line.startswith('sokuji_batch_size_sum{model="minilm"}'):
+            sum_ = float(line.split()[-1])
+    assert sum_ >= 64 and count < sum_  # some batches held more than one request
+
+
+def test_startup_does_not_import_torch_when_the_model_is_cached() -> None:
+    code = (
+        "import sys\n"
+        "from sokuji import config as cfg\n"
+        "from sokuji.models.repository import ModelRepository\n"
+        "from sokuji.server.app import create_app\n"
+        f"c = cfg.validate(cfg.ServerConfig(cache_dir={str(CACHE_DIR)!r}))\n"
+        "create_app(c, ModelRepository.load(c))\n"
+        "print('torch' in sys.modules, 'transformers' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, env={**os.environ, "PYTHONPATH": str(Path.cwd())})
+    assert out.stdout.split() == ["False", "False"], out.stderr
+
+
+def test_import_sokuji_is_light() -> None:
+    code = ("import sys, sokuji, sokuji.config, sokuji.core.batcher\n"
+            "print(sorted(m for m in ('torch', 'onnxruntime', 'transformers', 'starlette')"
+            " if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_invalid_config_stops_startup_naming_key_and_value(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[[models]]\nname = "m"\nruntime = "synthetic"\nmax_batch_size = -3\n')
+    out = subprocess.run([sys.executable, "-m", "sokuji", "serve", "--config", str(bad)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert "Config 'models[0].max_batch_size' has value -3" in out.stderr
