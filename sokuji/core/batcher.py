@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import queue
+import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,6 +65,11 @@ class _Entry:
 
 
 class DynamicBatcher:
+    """Batches are formed synchronously, the moment something can run: when a request arrives
+    at an idle model, and when a running batch completes. No scheduler task sits between a
+    request and its worker thread; results come back through ``call_soon_threadsafe``.
+    """
+
     def __init__(self, name: str, run_batch: RunBatch, config: BatcherConfig,
                  on_batch: Callable[[BatchInfo], None] | None = None) -> None:
         self.name = name
@@ -73,11 +79,11 @@ class DynamicBatcher:
         self._queue: list[_Entry] = []
         self._busy = 0
         self._slot_free_since_ns = 0
-        self._wakeup = asyncio.Event()
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._loop_task: asyncio.Task[None] | None = None
-        self._executor = ThreadPoolExecutor(max_workers=config.instances,
-                                            thread_name_prefix=f"sokuji-{name}")
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._jobs: queue.SimpleQueue[list[_Entry] | None] = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._idle = asyncio.Event()
 
     @property
     def num_waiting(self) -> int:
@@ -88,33 +94,46 @@ class DynamicBatcher:
         return self._busy
 
     def start(self) -> None:
-        if self._loop_task is None:
-            self._slot_free_since_ns = time.perf_counter_ns()
-            self._loop_task = asyncio.get_running_loop().create_task(self._run())
+        """Start the worker threads; call from the event loop that will submit requests."""
+        if self._loop is not None:
+            return
+        self._loop = asyncio.get_running_loop()
+        self._slot_free_since_ns = time.perf_counter_ns()
+        self._idle.set()
+        for i in range(self.config.instances):
+            thread = threading.Thread(target=self._work, name=f"sokuji-{self.name}-{i}",
+                                      daemon=True)
+            thread.start()
+            self._threads.append(thread)
 
     async def stop(self) -> None:
-        """Stop forming batches; let running batches finish; fail what is still queued."""
-        if self._loop_task is not None:
-            self._loop_task.cancel()
-            await asyncio.gather(self._loop_task, return_exceptions=True)
-            self._loop_task = None
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        """Stop taking requests; let running batches finish; fail what is still queued."""
+        if self._loop is None:
+            return
+        self._loop = None
+        if self._timer is not None:
+            self._timer.cancel()
         for entry in self._queue:
             if not entry.future.done():
                 entry.future.set_exception(RuntimeFailed(f"model '{self.name}' stopped"))
         self._queue.clear()
-        self._executor.shutdown(wait=True)
+        await self._idle.wait()
+        for _ in self._threads:
+            self._jobs.put(None)
+        for thread in self._threads:
+            thread.join()
+        self._threads.clear()
 
     async def submit(self, request: InferenceRequest) -> Any:
         """Queue ``request``; return the runtime's output for its items, in their order."""
-        if self._loop_task is None:
+        loop = self._loop
+        if loop is None:
             raise RuntimeFailed(f"model '{self.name}' is not running")
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[Any] = loop.create_future()
         entry = _Entry(request, future)
         request.enqueued_ns = request.timeline.last_ns
         self._queue.append(entry)
-        self._wakeup.set()
+        self._dispatch()
         try:
             return await future
         except asyncio.CancelledError:
@@ -122,31 +141,28 @@ class DynamicBatcher:
                 self._queue.remove(entry)
             raise
 
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            while not self._queue or self._busy >= self.config.instances:
-                self._wakeup.clear()
-                await self._wakeup.wait()
+    def _dispatch(self) -> None:
+        """Hand batches to free instances while there is work; never waits."""
+        while self._queue and self._busy < self.config.instances:
             if self._busy and not self._full_batch_queued():
-                # Another instance is busy: wait a bounded time for company.
-                oldest_ns = self._queue[0].request.enqueued_ns
-                wait_s = (oldest_ns - time.perf_counter_ns()) / 1e9 \
-                    + self.config.max_queue_delay_ms / 1e3
+                # Another instance is busy: a partial batch waits a bounded time for company.
+                deadline_ns = self._queue[0].request.enqueued_ns \
+                    + int(self.config.max_queue_delay_ms * 1e6)
+                wait_s = (deadline_ns - time.perf_counter_ns()) / 1e9
                 if wait_s > 0:
-                    self._wakeup.clear()
-                    try:
-                        await asyncio.wait_for(self._wakeup.wait(), wait_s)
-                        continue  # re-evaluate with the newcomer
-                    except TimeoutError:
-                        pass
+                    if self._timer is None and self._loop is not None:
+                        self._timer = self._loop.call_later(wait_s, self._on_timer)
+                    return
             batch = self._form_batch()
             if not batch:
-                continue
+                return
             self._busy += 1
-            task = loop.create_task(self._execute(batch))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._idle.clear()
+            self._jobs.put(batch)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._dispatch()
 
     def _full_batch_queued(self) -> bool:
         items = sum(e.request.num_items for e in self._queue)
@@ -193,35 +209,42 @@ class DynamicBatcher:
                                 if isinstance(e.request.payload, Prepared))))
         return chosen
 
-    def _call(self, payloads: list[Any]) -> tuple[list[Any], int]:
-        outputs = self._run_batch(payloads)
-        return outputs, time.perf_counter_ns()
+    def _work(self) -> None:
+        """Worker thread: run batches, post results back to the event loop."""
+        while (batch := self._jobs.get()) is not None:
+            loop = batch[0].future.get_loop()
+            try:
+                outputs: list[Any] | None = self._run_batch([e.request.payload for e in batch])
+                error: BaseException | None = None
+            except Exception as exc:  # noqa: BLE001 - delivered to the batch's own requests
+                outputs, error = None, exc
+            done_ns = time.perf_counter_ns()
+            try:
+                loop.call_soon_threadsafe(self._complete, batch, outputs, error, done_ns)
+            except RuntimeError:  # the loop closed under us: nobody is waiting any more
+                return
 
-    async def _execute(self, batch: list[_Entry]) -> None:
-        loop = asyncio.get_running_loop()
-        try:
-            outputs, done_ns = await loop.run_in_executor(
-                self._executor, self._call, [e.request.payload for e in batch])
-            if len(outputs) != len(batch):
-                raise RuntimeFailed(f"model '{self.name}' returned {len(outputs)} outputs "
-                                    f"for a batch of {len(batch)} requests")
-        except SokujiError as exc:
-            self._fail(batch, exc)
-        except Exception as exc:
-            log.exception("model %s: run_batch raised", self.name)
-            self._fail(batch, RuntimeFailed(f"model '{self.name}' failed: {exc!r}"))
+    def _complete(self, batch: list[_Entry], outputs: list[Any] | None,
+                  error: BaseException | None, done_ns: int) -> None:
+        if error is None and outputs is not None and len(outputs) != len(batch):
+            error = RuntimeFailed(f"model '{self.name}' returned {len(outputs)} outputs "
+                                  f"for a batch of {len(batch)} requests")
+        if error is not None:
+            if not isinstance(error, SokujiError):
+                log.error("model %s: run_batch raised %r", self.name, error, exc_info=error)
+                error = RuntimeFailed(f"model '{self.name}' failed: {error!r}")
+            for entry in batch:
+                if not entry.future.done():
+                    entry.future.set_exception(error)
         else:
+            assert outputs is not None
             for entry, output in zip(batch, outputs, strict=True):
                 if not entry.future.done():
                     entry.request.timeline.mark(Stage.INFER, done_ns)
                     entry.future.set_result(output)
-        finally:
-            self._busy -= 1
-            self._slot_free_since_ns = time.perf_counter_ns()
-            self._wakeup.set()
-
-    @staticmethod
-    def _fail(batch: list[_Entry], exc: SokujiError) -> None:
-        for entry in batch:
-            if not entry.future.done():
-                entry.future.set_exception(exc)
+        self._busy -= 1
+        self._slot_free_since_ns = time.perf_counter_ns()
+        if self._busy == 0:
+            self._idle.set()
+        if self._loop is not None:
+            self._dispatch()

@@ -244,3 +244,20 @@ def test_a_runtime_failure_is_reported_and_contained() -> None:
         r = client.post(INFER, json=v2_body(["poison"]))
         assert r.status_code == 500 and "synthetic failure" in r.json()["error"]
         assert client.post(INFER, json=v2_body(["fine"])).status_code == 200
+
+
+def test_an_unexpected_bug_is_a_logged_json_500_not_a_crash(caplog: pytest.LogCaptureFixture
+                                                            ) -> None:
+    with client_for(synthetic_config()) as client:
+        app = client.app
+        model = app.inference.repo.models["synth"]  # type: ignore[attr-defined]
+
+        def broken(texts: list[str]) -> None:
+            raise ValueError("bug")
+
+        model.runtime.preprocess = broken
+        r = client.post(INFER, json=v2_body(["a"]))
+        assert r.status_code == 500
+        assert r.json() == {"error": "internal error: ValueError", "code": "internal_error"}
+        assert "unhandled error on POST /v2/models/synth/infer" in caplog.text
+        assert client.get("/v2/health/live").status_code == 200
