@@ -54,6 +54,7 @@ def _serve(args: argparse.Namespace) -> int:
     app = create_app(config, repo, metrics)
     uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level,
                 loop="uvloop", http="httptools", access_log=False, server_header=False,
+                proxy_headers=False,
                 date_header=False, timeout_graceful_shutdown=10)
     return 0
 

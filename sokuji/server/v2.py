@@ -136,7 +136,9 @@ def decode_infer(body: bytes, header_length: int | None, meta: ModelMetadata,
             texts = _json_elements(name, tensor["data"])
         else:
             raise InvalidInput(f"input '{name}' has neither 'data' nor binary data")
-        count = int(np.prod(shape)) if shape else 1
+        count = 1
+        for dim in shape:
+            count *= dim
         if len(shape) not in (1, 2) or (len(shape) == 2 and shape[1] != 1) \
                 or count != len(texts):
             raise InvalidInput(f"input '{name}' has shape {shape} with {len(texts)} elements; "
