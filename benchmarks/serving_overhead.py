@@ -195,35 +195,52 @@ def parse_timing(header: str) -> dict[str, float]:
 
 
 class C1Client:
-    """Concurrency 1 over one keep-alive connection; returns per-call ms and Server-Timing."""
+    """Concurrency 1 over one keep-alive connection, with a minimal HTTP/1.1 client (prebuilt
+    request bytes, read to Content-Length), so the client's own parsing adds little to the
+    figures; returns per-call ms and each response's Server-Timing."""
 
     def __init__(self, port: int, bodies: list[bytes]) -> None:
         self.port = port
-        self.bodies = bodies
+        self.requests = [
+            b"POST /v2/models/minilm/infer HTTP/1.1\r\nhost: 127.0.0.1\r\n"
+            b"content-type: application/json\r\ncontent-length: "
+            + str(len(body)).encode() + b"\r\n\r\n" + body for body in bodies]
         self.cursor = 0
+
+    def _call(self, sock: socket.socket, request: bytes) -> tuple[int, bytes]:
+        sock.sendall(request)
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = sock.recv(65536)
+            if not chunk:
+                raise ConnectionError("server closed the connection")
+            data += chunk
+        head, _, body = data.partition(b"\r\n\r\n")
+        lines = head.split(b"\r\n")
+        status = int(lines[0].split()[1])
+        headers = dict(line.split(b": ", 1) for line in lines[1:])
+        length = int(headers[b"content-length"])
+        while len(body) < length:
+            body += sock.recv(65536)
+        return status, headers.get(b"server-timing", b"")
 
     def run(self, calls: int) -> tuple[list[float], list[dict[str, float]]]:
         # A fresh connection per round (servers close idle keep-alive connections), opened by
         # one untimed request.
-        self.conn = http.client.HTTPConnection("127.0.0.1", self.port)
-        headers = {"content-type": "application/json"}
-        self.conn.request("POST", "/v2/models/minilm/infer", self.bodies[0], headers)
-        self.conn.getresponse().read()
-        lat, stages = [], []
-        for _ in range(calls):
-            body = self.bodies[self.cursor % len(self.bodies)]
-            self.cursor += 1
-            t0 = time.perf_counter()
-            self.conn.request("POST", "/v2/models/minilm/infer", body, headers)
-            r = self.conn.getresponse()
-            r.read()
-            lat.append((time.perf_counter() - t0) * 1e3)
-            if r.status != 200:
-                raise RuntimeError(f"HTTP {r.status}")
-            header = r.getheader("server-timing")
-            if header:
-                stages.append(parse_timing(header))
-        self.conn.close()
+        with socket.create_connection(("127.0.0.1", self.port)) as sock:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._call(sock, self.requests[0])
+            lat, stages = [], []
+            for _ in range(calls):
+                request = self.requests[self.cursor % len(self.requests)]
+                self.cursor += 1
+                t0 = time.perf_counter()
+                status, timing = self._call(sock, request)
+                lat.append((time.perf_counter() - t0) * 1e3)
+                if status != 200:
+                    raise RuntimeError(f"HTTP {status}")
+                if timing:
+                    stages.append(parse_timing(timing.decode()))
         return lat, stages
 
 
@@ -255,9 +272,13 @@ async def closed_loop(port: int, bodies: list[bytes], concurrency: int, warmup_s
     cpu0 = time.process_time()
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) as s:
         await asyncio.gather(*(worker(s, k) for k in range(concurrency)))
-    window = [lat for t, lat in done if window_start <= t < stop_at]
-    return {"items": len(window), "seconds": seconds, "errors": errors,
-            "latencies_ms": [x * 1e3 for x in window],
+    window = [(t, lat) for t, lat in done if window_start <= t < stop_at]
+    # Count from the first completion in the window to the last one: whole batches only, so the
+    # rate is not quantised by the batch size (a batch's items all complete at one moment).
+    first, last = window[0][0], window[-1][0]
+    items = sum(1 for t, _ in window if t > first)
+    return {"items": items, "seconds": last - first, "errors": errors,
+            "latencies_ms": [lat * 1e3 for _, lat in window],
             "client_cpu_s": time.process_time() - cpu0}
 
 
@@ -289,8 +310,9 @@ def overhead(args: argparse.Namespace, raw: RawRuntime, dataset: str) -> dict[st
         raw.call(cmd="single", dataset=dataset, calls=20)
         lat: dict[str, list[float]] = {k: [] for k in clients}
         stages: list[dict[str, float]] = []
-        per_round = max(10, args.latency_calls // args.rounds)
-        for _ in range(args.rounds):
+        # Latency interleaves in small chunks, so slow drift of the machine hits all alike.
+        per_round = 10
+        for _ in range(max(1, args.latency_calls // per_round)):
             lat["raw"] += raw.call(cmd="single", dataset=dataset, calls=per_round)
             sok_lat, sok_stages = clients["sokuji"].run(per_round)  # type: ignore[union-attr]
             lat["sokuji"] += sok_lat
@@ -310,8 +332,8 @@ def overhead(args: argparse.Namespace, raw: RawRuntime, dataset: str) -> dict[st
                                        seconds=seconds))
             sok_rounds.append(asyncio.run(closed_loop(sokuji.port, bodies, concurrency,
                                                       args.warmup_seconds, seconds)))
-            print(f"[{dataset}] round {i + 1}: raw {raw_rounds[-1]['items'] / seconds:.1f}/s, "
-                  f"sokuji {sok_rounds[-1]['items'] / seconds:.1f}/s", flush=True)
+            print(f"[{dataset}] round {i + 1}: raw {pooled_rate(raw_rounds[-1:]):.1f}/s, "
+                  f"sokuji {pooled_rate(sok_rounds[-1:]):.1f}/s", flush=True)
     sok_lat = [x for r in sok_rounds for x in r.pop("latencies_ms")]
     out["saturated"] = {
         "raw_items_per_s": pooled_rate(raw_rounds), "sokuji_items_per_s": pooled_rate(sok_rounds),
@@ -333,10 +355,9 @@ def length_vs_fifo(args: argparse.Namespace, raw: RawRuntime) -> dict[str, Any]:
             for policy, server in (("length", length), ("fifo", fifo)):
                 rounds[policy].append(asyncio.run(closed_loop(
                     server.port, bodies, args.mixed_concurrency, args.warmup_seconds,
-                    args.seconds)))
-            print(f"[mixed] round {i + 1}: length "
-                  f"{rounds['length'][-1]['items'] / args.seconds:.1f}/s, fifo "
-                  f"{rounds['fifo'][-1]['items'] / args.seconds:.1f}/s", flush=True)
+                    args.mixed_seconds)))
+            print(f"[mixed] round {i + 1}: length {pooled_rate(rounds['length'][-1:]):.1f}/s, "
+                  f"fifo {pooled_rate(rounds['fifo'][-1:]):.1f}/s", flush=True)
     out: dict[str, Any] = {"max_batch_size": bs, "concurrency": args.mixed_concurrency,
                            "raw_items_per_s": {k: v["items"] / v["seconds"]
                                                for k, v in ceiling.items()}}
@@ -360,6 +381,8 @@ def main() -> None:
     p.add_argument("--mixed-batch-size", type=int, default=32)
     p.add_argument("--mixed-concurrency", type=int, default=256,
                    help="in-flight requests for the mixed run: the queue the batcher chooses from")
+    p.add_argument("--mixed-seconds", type=float, default=15.0,
+                   help="per mixed round: long enough for the deep queue to turn over")
     p.add_argument("--server-core", type=int, default=1)
     p.add_argument("--client-core", type=int, default=0)
     p.add_argument("--cache-dir", default=str(ROOT / ".cache" / "sokuji"))

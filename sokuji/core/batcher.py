@@ -169,11 +169,11 @@ class DynamicBatcher:
         return items >= self.config.max_batch_size
 
     def _form_batch(self) -> list[_Entry]:
-        queue = [e for e in self._queue if not e.future.done()]
-        if not queue:
+        live = [e for e in self._queue if not e.future.done()]
+        if not live:
             self._queue.clear()
             return []
-        head, rest = queue[0], queue[1:]
+        head, rest = live[0], live[1:]
         if self.config.policy is BatchPolicy.LENGTH:
             anchor = head.request.length
             rest.sort(key=lambda e: abs(e.request.length - anchor))
@@ -195,7 +195,7 @@ class DynamicBatcher:
             chosen.append(entry)
             items, longest = new_items, new_longest
         taken = set(map(id, chosen))
-        self._queue = [e for e in queue if id(e) not in taken]
+        self._queue = [e for e in live if id(e) not in taken]
 
         dispatch_ns = time.perf_counter_ns()
         for entry in chosen:
