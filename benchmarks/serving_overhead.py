@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-DATA = ROOT / "benchmarks" / "data"
+DATA = ROOT / "sokuji" / "bench" / "data"
 BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
 TARGETS = {"a": ">= 0.95", "b": "<= 0.3 ms", "c": ">= 1.8"}
 

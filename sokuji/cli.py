@@ -3,6 +3,8 @@
   sokuji serve [--config FILE] [--host H] [--port P] [--cache-dir DIR] [--log-level L]
   sokuji export minilm [--cache-dir DIR]      build the ONNX file of the built-in model now
   sokuji models [--config FILE]               list the configured models
+  sokuji bench URL (--concurrency N | --rate R) [...]   load generator (sokuji bench -h)
+  sokuji bench compare A.json B.json [--threshold 10%]
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ def _parser() -> argparse.ArgumentParser:
 
     models = sub.add_parser("models", help="list the configured models")
     models.add_argument("--config")
+    sub.add_parser("bench", help="load generator: sokuji bench -h", add_help=False)
     return p
 
 
@@ -60,6 +63,11 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["bench"]:
+        from sokuji.bench.runner import main_bench  # a client: never imports the server
+
+        return main_bench(argv)
     args = _parser().parse_args(argv)
     try:
         if args.command == "serve":

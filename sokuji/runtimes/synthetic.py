@@ -7,6 +7,9 @@ Options (``[models.options]``):
                from it with mean ``base_ms`` (lognormal: ``sigma``, default 0.25)
   seed         seed of the draws (default 0)
   fail_on      a text: any batch holding an item equal to it raises (to test failure isolation)
+  stall_ms, stall_after_batches
+               once, the batch numbered ``stall_after_batches`` (1-based) takes ``stall_ms``
+               longer: a server that stalls once, to test that a load generator sees it
 
 Output: FP32 ``[n, 1]``, the length of each text in characters.
 """
@@ -31,7 +34,8 @@ DISTRIBUTIONS = ("constant", "exponential", "lognormal")
 class SyntheticRuntime:
     def __init__(self, options: Mapping[str, Any] | None = None) -> None:
         opts = dict(options or {})
-        known = {"base_ms", "per_item_ms", "distribution", "sigma", "seed", "fail_on"}
+        known = {"base_ms", "per_item_ms", "distribution", "sigma", "seed", "fail_on",
+                 "stall_ms", "stall_after_batches"}
         for key in opts:
             if key not in known:
                 raise ConfigError.for_key(f"options.{key}", opts[key], "unknown option")
@@ -43,6 +47,9 @@ class SyntheticRuntime:
             raise ConfigError.for_key("options.distribution", self.distribution,
                                       f"must be one of: {', '.join(DISTRIBUTIONS)}")
         self.fail_on = opts.get("fail_on")
+        self.stall_ms = self._number(opts, "stall_ms", 0.0)
+        self.stall_after_batches = int(self._number(opts, "stall_after_batches", 0))
+        self._batches = 0
         self._rng = random.Random(int(opts.get("seed", 0)))
         self._lock = threading.Lock()
 
@@ -71,6 +78,8 @@ class SyntheticRuntime:
 
     def service_time_ms(self, num_items: int) -> float:
         with self._lock:
+            self._batches += 1
+            stall = self.stall_ms if self._batches == self.stall_after_batches else 0.0
             if self.distribution == "exponential":
                 base = self._rng.expovariate(1.0 / self.base_ms) if self.base_ms else 0.0
             elif self.distribution == "lognormal":
@@ -78,7 +87,7 @@ class SyntheticRuntime:
                 base = self._rng.lognormvariate(mu, self.sigma) if self.base_ms else 0.0
             else:
                 base = self.base_ms
-        return base + self.per_item_ms * num_items
+        return base + self.per_item_ms * num_items + stall
 
     def run_batch(self, batch: Sequence[Prepared]) -> list[np.ndarray]:
         texts = [t for p in batch for t in p.data]

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,52 +13,21 @@ import numpy as np
 import pytest
 
 from tests.conftest import CACHE_DIR
+from tests.integration.serving import sokuji_server
 
 pytestmark = pytest.mark.integration
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_ready(proc: subprocess.Popen[bytes], url: str, timeout_s: float = 60.0) -> None:
-    import urllib.request
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url, timeout=1) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.1)  # polling a child process's start-up, not waiting on our own code
-    raise TimeoutError(url)
-
-
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    port = free_port()
-    config = tmp_path_factory.mktemp("cfg") / "sokuji.toml"
-    config.write_text(f"""
-port = {port}
+def server() -> Iterator[str]:
+    with sokuji_server(f"""
 cache_dir = "{CACHE_DIR}"
 [[models]]
 name = "minilm"
 max_batch_size = 16
 intra_op_threads = 1
-""")
-    proc = subprocess.Popen([sys.executable, "-m", "sokuji", "serve", "--config", str(config)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        wait_ready(proc, f"http://127.0.0.1:{port}/v2/health/ready")
-        yield f"127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=20)
+""") as url:
+        yield url.removeprefix("http://")
 
 
 def test_tritonclient_http(server: str) -> None:

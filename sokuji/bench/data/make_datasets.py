@@ -1,6 +1,6 @@
 """Write the benchmark datasets (JSONL, one ``{"text": ...}`` per line) from the corpus below.
 
-    python benchmarks/data/make_datasets.py
+    python -m sokuji.bench.data.make_datasets
 
 short.jsonl   ~12 tokens: search-style queries
 long.jsonl    ~120 tokens: passages

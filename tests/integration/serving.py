@@ -1,0 +1,50 @@
+"""Start a real ``sokuji serve`` process on a free port, for tests that need one."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_ready(proc: subprocess.Popen[bytes], url: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=1) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.1)  # polling a child process's start-up, not waiting on our own code
+    raise TimeoutError(url)
+
+
+@contextmanager
+def sokuji_server(config_body: str) -> Iterator[str]:
+    """Serve ``config_body`` (TOML without ``port``); yields the base URL."""
+    port = free_port()
+    with tempfile.TemporaryDirectory() as tmp:
+        config = Path(tmp) / "sokuji.toml"
+        config.write_text(f"port = {port}\nlog_level = \"warning\"\n{config_body}")
+        proc = subprocess.Popen([sys.executable, "-m", "sokuji", "serve", "--config",
+                                 str(config)], stdout=subprocess.DEVNULL)
+        try:
+            wait_ready(proc, f"http://127.0.0.1:{port}/v2/health/ready")
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            proc.terminate()
+            proc.wait(timeout=20)

@@ -1,0 +1,190 @@
+"""Does ``sokuji bench`` measure what the server really does? Against servers whose behaviour
+is known: the synthetic runtime served by Sokuji, and a streaming endpoint with known timing."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from aiohttp import web
+
+from sokuji.bench import dataset, stats
+from sokuji.bench.engine import Engine
+from sokuji.bench.schedule import Arrivals, intended_times
+from sokuji.bench.targets import Target, TargetKind
+from tests.integration.serving import sokuji_server
+
+pytestmark = pytest.mark.integration
+
+MEAN_MS, SIGMA = 20.0, 0.25
+LOGNORMAL = f"""
+[[models]]
+name = "synth"
+runtime = "synthetic"
+max_batch_size = 1
+instances = 4
+options = {{base_ms = {MEAN_MS}, distribution = "lognormal", sigma = {SIGMA}, seed = 3}}
+
+[[models]]
+name = "instant"
+runtime = "synthetic"
+max_batch_size = 1
+instances = 4
+options = {{base_ms = 0.0}}
+"""
+
+
+def service_times_ms(n: int) -> np.ndarray:
+    """The service times the server's synthetic model draws, in order: same code, same seed."""
+    from sokuji.runtimes.synthetic import SyntheticRuntime
+
+    rt = SyntheticRuntime({"base_ms": MEAN_MS, "distribution": "lognormal", "sigma": SIGMA,
+                           "seed": 3})
+    return np.asarray([rt.service_time_ms(1) for _ in range(n)])
+
+
+def engine(url: str, seed: int = 0, model: str = "synth") -> Engine:
+    return Engine(Target(TargetKind.V2, url, model=model),
+                  dataset.Sampler(dataset.load("short"), seed), timeout_s=30)
+
+
+def test_measured_percentiles_match_the_configured_distribution() -> None:
+    times = intended_times(50, Arrivals.POISSON, seed=1, duration_s=10.5)
+    warm_open = int(np.sum(times < 0.5))
+    with sokuji_server(LOGNORMAL) as url:
+        runs = {}
+        for model in ("instant", "synth"):  # the round trip's own cost, measured, not assumed
+            runs["closed", model] = asyncio.run(engine(url, model=model).closed(
+                4, count=800, warmup_count=40))
+            runs["open", model] = asyncio.run(engine(url, model=model).open(
+                times, warmup_s=0.5))
+    # The synth model drew 840 service times for the closed run, then len(times) for the open
+    # one; the measured requests are those after each warm-up.
+    drawn = service_times_ms(840 + len(times))
+    expected = {"closed": drawn[40:840], "open": drawn[840 + warm_open:]}
+    assert 19.0 < drawn.mean() < 21.0 and 30.0 < np.percentile(drawn, 99) < 40.0
+    for mode in ("closed", "open"):
+        overhead_ms = stats.summarize(runs[mode, "instant"])["latency_ms"]["p50"]
+        assert overhead_ms < 3.0
+        s = stats.summarize(runs[mode, "synth"])
+        assert s["requests"]["errors"] == {}
+        lat = s["latency_ms"]
+        for q, tol in ((50, 0.06), (99, 0.08)):
+            want = np.percentile(expected[mode], q) + overhead_ms
+            assert lat[f"p{q}"] == pytest.approx(want, rel=tol), (mode, q)
+    lag = stats.summarize(runs["open", "synth"])["client"]["lag_ms"]
+    assert lag["p99"] < 2.0  # the client kept to its schedule
+
+
+STALL = """
+[[models]]
+name = "synth"
+runtime = "synthetic"
+max_batch_size = 16
+options = {{base_ms = 2.0, stall_ms = 1000.0, stall_after_batches = {after}}}
+"""
+
+
+def test_a_stall_shows_in_open_loop_p99_and_hides_in_closed_loop() -> None:
+    rate, measured_s, stall_s = 100.0, 4.0, 1.0
+    with sokuji_server(STALL.format(after=150)) as url:  # ~1.5 s into the run
+        times = intended_times(rate, Arrivals.CONSTANT, seed=0, duration_s=0.5 + measured_s)
+        opened = stats.summarize(asyncio.run(engine(url).open(times, warmup_s=0.5)))
+    with sokuji_server(STALL.format(after=400)) as url:
+        closed = stats.summarize(asyncio.run(engine(url).closed(
+            1, duration_s=measured_s, warmup_count=20)))
+    # Open loop: the requests due during the stall (stall_s/measured_s of them) wait out the
+    # rest of it, so their latencies spread uniformly over [0, stall_s]; p99 is the top 1% of
+    # all requests, i.e. stall_s * (1 - 0.01 * measured_s / stall_s).
+    predicted_ms = 1e3 * stall_s * (1 - 0.01 * measured_s / stall_s)
+    assert opened["latency_ms"]["p99"] == pytest.approx(predicted_ms, rel=0.1)
+    # The tail says why: the stalled batch itself (infer), and the requests queued behind it.
+    tail = opened["stages"]["tail_share"]
+    assert max(tail, key=tail.__getitem__) == "queue"
+    assert tail["queue"] + tail["infer"] > 0.95
+    # Closed loop: one request saw the stall and the client simply sent less meanwhile.
+    assert closed["latency_ms"]["max"] >= 0.9 * stall_s * 1e3
+    assert closed["latency_ms"]["p99"] < 25.0
+
+
+def test_cli_writes_json_and_an_html_report_with_plots(tmp_path: Path) -> None:
+    out, page = tmp_path / "r.json", tmp_path / "r.html"
+    with sokuji_server(LOGNORMAL) as url:
+        proc = subprocess.run(
+            [sys.executable, "-m", "sokuji", "bench", url, "--model", "synth", "--rate", "60",
+             "--duration", "2", "--warmup", "0.5s", "--dataset", "mixed", "--slo",
+             "p99=200ms", "--price-per-hour", "1.0", "--out", str(out), "--html", str(page),
+             "--quiet"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(out.read_text())
+    assert doc["schema"] == "sokuji.bench/1" and doc["slo"][0]["ok"] is True
+    assert doc["cost"]["per_1k_requests"] > 0
+    assert doc["summary"]["stages"]["mean_ms"]["infer"] > 10
+    html = page.read_text()
+    assert html.count("<img") == 3  # CDF, over time, stage breakdown
+    for title in ("Latency CDF", "Latency over time", "Stage breakdown"):
+        assert title in html
+
+
+def test_sweep_finds_the_capacity_knee(tmp_path: Path) -> None:
+    # One instance, 10 ms per request, no batching: capacity 100 req/s.
+    config = """
+[[models]]
+name = "synth"
+runtime = "synthetic"
+max_batch_size = 1
+options = {base_ms = 10.0}
+"""
+    out = tmp_path / "sweep.json"
+    with sokuji_server(config) as url:
+        proc = subprocess.run(
+            [sys.executable, "-m", "sokuji", "bench", url, "--model", "synth", "--rate", "30",
+             "--sweep", "--sweep-factor", "1.6", "--duration", "2", "--warmup", "0.3s",
+             "--slo", "p99=60ms", "--out", str(out), "--quiet"],
+            capture_output=True, text=True, timeout=180)
+    sweep = json.loads(out.read_text())["sweep"]
+    rates = [s["rate"] for s in sweep["steps"]]
+    assert proc.returncode == 3  # the last step failed its SLO, as a sweep must end
+    assert 40 < sweep["goodput_rps"] <= 100
+    assert sweep["max_rate_meeting_slo"] < 100 <= rates[-1] * 1.0001 or rates[-1] > 76
+
+
+async def _stream(request: web.Request) -> web.StreamResponse:
+    resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+    await resp.prepare(request)
+    for i in range(6):
+        await asyncio.sleep(0.03)
+        chunk = {"choices": [{"index": 0, "text": f"t{i}"}]}
+        await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+    await resp.write(b"data: [DONE]\n\n")
+    return resp
+
+
+@pytest.fixture
+async def streaming_server() -> AsyncIterator[str]:
+    app = web.Application()
+    app.router.add_post("/v1/completions", _stream)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    yield f"http://127.0.0.1:{port}"
+    await runner.cleanup()
+
+
+async def test_streaming_targets_measure_ttft_and_itl(streaming_server: str) -> None:
+    eng = Engine(Target(TargetKind.OPENAI_COMPLETIONS, streaming_server, model="m"),
+                 dataset.Sampler(dataset.load("short"), 0))
+    run = await eng.closed(2, count=10)
+    s = stats.summarize(run, streaming=True)
+    assert s["ttft_ms"]["p50"] == pytest.approx(30, abs=12)
+    assert s["itl_ms"]["p50"] == pytest.approx(30, abs=12)
+    assert s["output_tokens"] == 60 and s["output_tokens_per_s"] > 0
+    assert np.isfinite(s["tpot_ms"]["mean"])
