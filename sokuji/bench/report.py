@@ -15,7 +15,8 @@ JSON schema ``sokuji.bench/1`` (stable; additions only within a version)::
      "cost": {price_per_hour, per_1k_requests, per_1m_output_tokens} | null,
      "sweep": {steps: [{rate, summary, slo}], goodput_rps, max_rate_meeting_slo, knee_rate}
               | null,
-     "samples": {"t_s": [...], "latency_ms": [...]}}   (successful requests, at most 20,000)
+     "samples": {"t_s": [...], "latency_ms": [...]}}   (successful requests, at most 20,000;
+                                                      in a sweep, those of the last step)
 """
 
 from __future__ import annotations
@@ -117,6 +118,7 @@ def plots(result: dict[str, Any]) -> dict[str, str]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
+    from matplotlib.ticker import ScalarFormatter
 
     out: dict[str, str] = {}
     lat = np.asarray(result["samples"]["latency_ms"])
@@ -126,6 +128,7 @@ def plots(result: dict[str, Any]) -> dict[str, str]:
         xs = np.sort(lat)
         ax.plot(xs, np.arange(1, len(xs) + 1) / len(xs))
         ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(ScalarFormatter())
         ax.set_xlabel("latency (ms)")
         ax.set_ylabel("fraction of requests")
         ax.set_title("Latency CDF")
@@ -136,6 +139,7 @@ def plots(result: dict[str, Any]) -> dict[str, str]:
         fig, ax = plt.subplots(figsize=(6, 3.6))
         ax.scatter(t, lat, s=3, alpha=0.5)
         ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(ScalarFormatter())
         ax.set_xlabel("intended send time (s)")
         ax.set_ylabel("latency (ms)")
         ax.set_title("Latency over time")
@@ -146,12 +150,14 @@ def plots(result: dict[str, Any]) -> dict[str, str]:
     stages = result["summary"].get("stages")
     if stages:
         names = list(stages["mean_ms"])
+        colours = plt.get_cmap("tab10")
         fig, ax = plt.subplots(figsize=(6, 2.8))
         for row, key in ((0, "mean_ms"), (1, "tail_mean_ms")):
             left = 0.0
-            for name in names:
+            for i, name in enumerate(names):  # one fixed colour per stage, in both rows
                 value = stages[key][name]
-                ax.barh(row, value, left=left, label=name if row == 0 else None)
+                ax.barh(row, value, left=left, color=colours(i % 10),
+                        label=name if row == 0 else None)
                 left += value
         ax.set_yticks([0, 1], ["mean", "slowest 1%"])
         ax.set_xlabel("server time per stage (ms)")
@@ -171,6 +177,7 @@ def plots(result: dict[str, Any]) -> dict[str, str]:
         ax.set_xlabel("achieved throughput (req/s)")
         ax.set_ylabel("latency (ms)")
         ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(ScalarFormatter())
         ax.set_title("Latency against throughput")
         ax.legend()
         ax.grid(True, which="both", alpha=0.3)

@@ -180,12 +180,12 @@ def _sweep(args: argparse.Namespace, target: Target, items: list[dataset.Item],
     for prev, step in itertools.pairwise(steps):
         p99 = (step["summary"].get("latency_ms") or {}).get("p99")
         if base_p99 and (p99 is None or p99 > 2 * base_p99 or not step["slo_ok"]):
-            knee = prev["rate"]
+            knee = round(prev["rate"], 3)
             break
     sweep = {"steps": steps, "slos": [s.text for s in slos],
              "goodput_rps": max((s["summary"].get("throughput_rps", 0.0) for s in passing),
                                 default=0.0),
-             "max_rate_meeting_slo": max((s["rate"] for s in passing), default=None),
+             "max_rate_meeting_slo": max((round(s["rate"], 3) for s in passing), default=None),
              "knee_rate": knee}
     return last[0], last[1], sweep
 
