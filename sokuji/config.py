@@ -56,6 +56,13 @@ class ModelConfig:
     """Batches that may run at once (each in its own worker thread)."""
     intra_op_threads: int = 0
     max_sequence_length: int = 256
+    max_queue_depth: int = 1024
+    """Waiting requests beyond which new ones get 429 at once."""
+    max_concurrency: int = 0
+    """Requests admitted (waiting or running) at once; 0: bounded by max_queue_depth only."""
+    default_timeout_ms: float = 0.0
+    """Deadline for requests that set none; 0: none."""
+    priority_aging_ms: float = 1000.0
     warmup: bool = True
     options: Mapping[str, Any] = field(default_factory=dict)
     """Runtime-specific options, validated by the runtime at load."""
@@ -119,7 +126,8 @@ _MODEL_KINDS: dict[str, type] = {
     "name": str, "runtime": str, "path": str, "tokenizer": str, "version": str,
     "max_batch_size": int, "max_batch_tokens": int, "max_queue_delay_ms": float,
     "batching": str, "instances": int, "intra_op_threads": int, "max_sequence_length": int,
-    "warmup": bool,
+    "warmup": bool, "max_queue_depth": int, "max_concurrency": int,
+    "default_timeout_ms": float, "priority_aging_ms": float,
 }
 RUNTIMES = ("onnx", "synthetic")
 
@@ -159,13 +167,17 @@ def _validate_model(index: int, m: ModelConfig) -> None:
         raise ConfigError.for_key(f"{prefix}.runtime", m.runtime,
                                   f"must be one of: {', '.join(RUNTIMES)}")
     positive = {"max_batch_size": m.max_batch_size, "max_batch_tokens": m.max_batch_tokens,
-                "instances": m.instances, "max_sequence_length": m.max_sequence_length}
+                "instances": m.instances, "max_sequence_length": m.max_sequence_length,
+                "max_queue_depth": m.max_queue_depth}
     for key, value in positive.items():
         if value < 1:
             raise ConfigError.for_key(f"{prefix}.{key}", value, "must be at least 1")
     if m.max_queue_delay_ms < 0:
         raise ConfigError.for_key(f"{prefix}.max_queue_delay_ms", m.max_queue_delay_ms,
                                   "must be zero or more")
+    for key in ("max_concurrency", "default_timeout_ms", "priority_aging_ms"):
+        if getattr(m, key) < 0:
+            raise ConfigError.for_key(f"{prefix}.{key}", getattr(m, key), "must be zero or more")
     if m.intra_op_threads < 0:
         raise ConfigError.for_key(f"{prefix}.intra_op_threads", m.intra_op_threads,
                                   "must be zero (auto) or more")

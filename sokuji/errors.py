@@ -11,6 +11,8 @@
     │   └── ModelNotFound (404)
     ├── MethodNotAllowed (405)
     ├── ModelNotReady (503)
+    ├── Overloaded (429)           queue or concurrency limit: rejected at once, with Retry-After
+    ├── DeadlineExceeded (504)     could not start before its deadline: never computed
     └── RuntimeFailed (500)        the runtime raised while running a batch
 
 Third-party exceptions are translated at the adapter boundary (``raise RuntimeFailed(...) from
@@ -24,10 +26,12 @@ class SokujiError(Exception):
     status: int = 500
     code: str = "internal_error"
 
-    def __init__(self, message: str, *, param: str | None = None) -> None:
+    def __init__(self, message: str, *, param: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
+        self.headers = headers or {}
 
 
 class ConfigError(SokujiError):
@@ -83,3 +87,17 @@ class ModelNotReady(SokujiError):
 class RuntimeFailed(SokujiError):
     status = 500
     code = "runtime_failed"
+
+
+class Overloaded(SokujiError):
+    status = 429
+    code = "overloaded"
+
+    def __init__(self, message: str, *, retry_after_s: int) -> None:
+        super().__init__(message, headers={"retry-after": str(retry_after_s)})
+        self.retry_after_s = retry_after_s
+
+
+class DeadlineExceeded(SokujiError):
+    status = 504
+    code = "deadline_exceeded"

@@ -12,6 +12,14 @@ Contracts:
   next batch (so no request waits behind more than the queue ahead of it: no starvation), and
   the rest of the batch is filled with the queued requests closest to it in length, which keeps
   padding low. Policy ``fifo`` takes requests strictly in arrival order.
+- **Priorities**: interactive requests are batched before batch-class ones; a batch-class
+  request that has waited ``priority_aging_ms`` counts as interactive (no starvation).
+- **Admission**: beyond ``max_queue_depth`` waiting requests, or ``max_concurrency`` admitted
+  ones, ``submit`` raises ``Overloaded`` at once, with a Retry-After estimated from the
+  measured drain rate. The queue never grows without bound.
+- **Deadlines**: a request whose deadline cannot be met given the work queued ahead of it is
+  rejected at once (``DeadlineExceeded``, never computed); one still queued when its deadline
+  passes is failed then, and never takes a batch slot.
 - Results come back in the order of each request's items. A failing batch fails only its own
   requests. ``run_batch`` runs in a worker thread, so the event loop stays free.
 """
@@ -20,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import queue
 import threading
 import time
@@ -29,7 +38,7 @@ from typing import Any
 
 from sokuji.config import BatchPolicy
 from sokuji.core.request import InferenceRequest, Stage
-from sokuji.errors import RuntimeFailed, SokujiError
+from sokuji.errors import DeadlineExceeded, Overloaded, RuntimeFailed, SokujiError
 from sokuji.runtimes.base import Prepared
 
 log = logging.getLogger(__name__)
@@ -44,6 +53,10 @@ class BatcherConfig:
     max_queue_delay_ms: float = 2.0
     policy: BatchPolicy = BatchPolicy.LENGTH
     instances: int = 1
+    max_queue_depth: int = 1024
+    max_concurrency: int = 0
+    """Requests admitted (queued or running) at once; 0: bounded by the queue depth only."""
+    priority_aging_ms: float = 1000.0
 
 
 @dataclass(frozen=True)
@@ -57,11 +70,13 @@ class BatchInfo:
 
 
 class _Entry:
-    __slots__ = ("future", "request")
+    __slots__ = ("dispatched_ns", "future", "request", "timer")
 
     def __init__(self, request: InferenceRequest, future: asyncio.Future[Any]) -> None:
         self.request = request
         self.future = future
+        self.timer: asyncio.TimerHandle | None = None
+        self.dispatched_ns = 0
 
 
 class DynamicBatcher:
@@ -84,6 +99,8 @@ class DynamicBatcher:
         self._threads: list[threading.Thread] = []
         self._timer: asyncio.TimerHandle | None = None
         self._idle = asyncio.Event()
+        self._admitted = 0
+        self._items_per_s = 0.0  # EWMA of one instance's service rate; 0 until measured
 
     @property
     def num_waiting(self) -> int:
@@ -92,6 +109,41 @@ class DynamicBatcher:
     @property
     def num_running_batches(self) -> int:
         return self._busy
+
+    @property
+    def drain_items_per_s(self) -> float:
+        """Measured rate at which the queue drains (all instances); 0 before any batch ran."""
+        return self._items_per_s * self.config.instances
+
+    def _retry_after_s(self) -> int:
+        rate = self.drain_items_per_s
+        queued = sum(e.request.num_items for e in self._queue)
+        return max(1, math.ceil(queued / rate)) if rate > 0 else 1
+
+    def _admit(self, request: InferenceRequest, now_ns: int) -> None:
+        cfg = self.config
+        if len(self._queue) >= cfg.max_queue_depth:
+            raise Overloaded(f"model '{self.name}' has {len(self._queue)} requests queued "
+                             f"(max_queue_depth {cfg.max_queue_depth})",
+                             retry_after_s=self._retry_after_s())
+        if cfg.max_concurrency and self._admitted >= cfg.max_concurrency:
+            raise Overloaded(f"model '{self.name}' has {self._admitted} requests in flight "
+                             f"(max_concurrency {cfg.max_concurrency})",
+                             retry_after_s=self._retry_after_s())
+        if request.deadline_ns is None:
+            return
+        left_ms = (request.deadline_ns - now_ns) / 1e6
+        if left_ms <= 0:
+            raise DeadlineExceeded("the request's deadline passed before it was queued")
+        rate = self.drain_items_per_s
+        if rate > 0:
+            ahead = sum(e.request.num_items for e in self._queue
+                        if e.request.priority <= request.priority)
+            wait_ms = ahead / rate * 1e3
+            if self._busy >= cfg.instances and wait_ms > left_ms:
+                raise DeadlineExceeded(
+                    f"cannot start before its deadline: ~{wait_ms:.0f} ms of work is queued "
+                    f"ahead and {left_ms:.0f} ms are left")
 
     def start(self) -> None:
         """Start the worker threads; call from the event loop that will submit requests."""
@@ -129,17 +181,36 @@ class DynamicBatcher:
         loop = self._loop
         if loop is None:
             raise RuntimeFailed(f"model '{self.name}' is not running")
+        now_ns = time.perf_counter_ns()
+        self._admit(request, now_ns)
         future: asyncio.Future[Any] = loop.create_future()
         entry = _Entry(request, future)
         request.enqueued_ns = request.timeline.last_ns
+        if request.deadline_ns is not None:
+            entry.timer = loop.call_later((request.deadline_ns - now_ns) / 1e9,
+                                          self._expire, entry)
         self._queue.append(entry)
-        self._dispatch()
+        self._admitted += 1
         try:
+            self._dispatch()
             return await future
         except asyncio.CancelledError:
             if entry in self._queue:
                 self._queue.remove(entry)
             raise
+        finally:
+            self._admitted -= 1
+            if entry.timer is not None:
+                entry.timer.cancel()
+
+    def _expire(self, entry: _Entry) -> None:
+        """A queued request's deadline passed: fail it now rather than compute it late."""
+        if entry in self._queue and not entry.future.done():
+            self._queue.remove(entry)
+            waited_ms = (time.perf_counter_ns() - entry.request.enqueued_ns) / 1e6
+            entry.future.set_exception(DeadlineExceeded(
+                f"waited {waited_ms:.0f} ms in the queue; the deadline passed before it "
+                "could start"))
 
     def _dispatch(self) -> None:
         """Hand batches to free instances while there is work; never waits."""
@@ -169,14 +240,23 @@ class DynamicBatcher:
         return items >= self.config.max_batch_size
 
     def _form_batch(self) -> list[_Entry]:
+        now_ns = time.perf_counter_ns()
         live = [e for e in self._queue if not e.future.done()]
         if not live:
             self._queue.clear()
             return []
-        head, rest = live[0], live[1:]
+        aging_ns = int(self.config.priority_aging_ms * 1e6)
+
+        def rank(e: _Entry) -> int:
+            return 0 if now_ns - e.request.enqueued_ns >= aging_ns else int(e.request.priority)
+
+        head = min(live, key=lambda e: (rank(e), e.request.enqueued_ns))
+        rest = [e for e in live if e is not head]
         if self.config.policy is BatchPolicy.LENGTH:
             anchor = head.request.length
-            rest.sort(key=lambda e: abs(e.request.length - anchor))
+            rest.sort(key=lambda e: (rank(e), abs(e.request.length - anchor)))
+        else:
+            rest.sort(key=lambda e: (rank(e), e.request.enqueued_ns))
         chosen = [head]
         items = head.request.num_items
         longest = head.request.length
@@ -199,6 +279,10 @@ class DynamicBatcher:
 
         dispatch_ns = time.perf_counter_ns()
         for entry in chosen:
+            entry.dispatched_ns = dispatch_ns
+            if entry.timer is not None:
+                entry.timer.cancel()
+                entry.timer = None
             tl = entry.request.timeline
             tl.mark(Stage.QUEUE, max(entry.request.enqueued_ns, self._slot_free_since_ns))
             tl.mark(Stage.BATCH, dispatch_ns)
@@ -238,6 +322,11 @@ class DynamicBatcher:
                     entry.future.set_exception(error)
         else:
             assert outputs is not None
+            service_s = (done_ns - batch[0].dispatched_ns) / 1e9
+            if service_s > 0:
+                rate = sum(e.request.num_items for e in batch) / service_s
+                self._items_per_s = rate if not self._items_per_s \
+                    else 0.8 * self._items_per_s + 0.2 * rate
             for entry, output in zip(batch, outputs, strict=True):
                 if not entry.future.done():
                     entry.request.timeline.mark(Stage.INFER, done_ns)

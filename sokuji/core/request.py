@@ -25,6 +25,13 @@ class Stage(enum.StrEnum):
 
 
 STAGES: tuple[Stage, ...] = tuple(Stage)
+
+
+class Priority(enum.IntEnum):
+    """Lower runs first. Batch traffic ages into interactive after ``priority_aging_ms``."""
+
+    INTERACTIVE = 0
+    BATCH = 1
 TOTAL = "total"
 
 
@@ -79,4 +86,7 @@ class InferenceRequest:
     timeline: Timeline
     request_id: str = ""
     parameters: dict[str, Any] = field(default_factory=dict)
+    priority: Priority = Priority.INTERACTIVE
+    deadline_ns: int | None = None
+    """Absolute ``perf_counter_ns`` by which the request must have started, or None."""
     enqueued_ns: int = 0

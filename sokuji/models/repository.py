@@ -86,7 +86,10 @@ class ModelRepository:
                 BatcherConfig(max_batch_size=mc.max_batch_size,
                               max_batch_tokens=mc.max_batch_tokens,
                               max_queue_delay_ms=mc.max_queue_delay_ms,
-                              policy=mc.batching, instances=mc.instances),
+                              policy=mc.batching, instances=mc.instances,
+                              max_queue_depth=mc.max_queue_depth,
+                              max_concurrency=mc.max_concurrency,
+                              priority_aging_ms=mc.priority_aging_ms),
                 on_batch=on_batch(mc.name) if on_batch else None)
             repo.models[mc.name] = Model(mc, runtime, runtime.describe(), batcher)
             log.info("model %s loaded (runtime %s)", mc.name, mc.runtime)

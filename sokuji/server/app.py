@@ -38,7 +38,7 @@ from sokuji.errors import (
 )
 from sokuji.models.repository import Model, ModelRepository
 from sokuji.observability.metrics import CONTENT_TYPE, Metrics
-from sokuji.server import openai_api, v2
+from sokuji.server import openai_api, scheduling, v2
 
 log = logging.getLogger(__name__)
 JSON = "application/json"
@@ -106,14 +106,18 @@ class Inference:
         self.repo = repo
         self.metrics = metrics
 
-    async def _run(self, model: Model, texts: list[str], tl: Timeline,
-                   request_id: str = "") -> tuple[np.ndarray, int]:
+    async def _run(self, model: Model, texts: list[str], tl: Timeline, headers: Headers,
+                   parameters: dict[str, Any], request_id: str = "") -> tuple[np.ndarray, int]:
         """Run texts through the model's queue; returns (outputs, unpadded token count)."""
+        prio = scheduling.priority(headers, parameters)
+        deadline = scheduling.deadline_ns(headers, parameters, tl.start_ns,
+                                          model.config.default_timeout_ms)
         prepared = model.runtime.preprocess(texts)
         tl.mark(Stage.PREPROCESS)
         output = await model.batcher.submit(InferenceRequest(
             model=model.name, payload=prepared, num_items=prepared.num_items,
-            length=prepared.length, timeline=tl, request_id=request_id))
+            length=prepared.length, timeline=tl, request_id=request_id, priority=prio,
+            deadline_ns=deadline))
         tl.mark(Stage.POSTPROCESS)
         return output, prepared.num_tokens
 
@@ -130,7 +134,8 @@ class Inference:
                              "integer") from None
         req = v2.decode_infer(body, length, model.metadata, model.config.max_batch_size)
         tl.mark(Stage.DECODE)
-        output, _ = await self._run(model, req.texts, tl, req.request_id)
+        output, _ = await self._run(model, req.texts, tl, headers, req.parameters,
+                                    req.request_id)
         payload, out_headers = v2.encode_infer(model.name, model.version, req,
                                                [(model.metadata.outputs[0], output)])
         return model.name, payload, out_headers
@@ -145,7 +150,7 @@ class Inference:
         openai_api.check_limits(req, model.config.max_batch_size,
                                 model.metadata.outputs[0].shape[-1])
         tl.mark(Stage.DECODE)
-        output, num_tokens = await self._run(model, req.texts, tl)
+        output, num_tokens = await self._run(model, req.texts, tl, headers, {})
         return model.name, openai_api.encode_embeddings(req, output, num_tokens), \
             {"content-type": JSON}
 
@@ -201,7 +206,8 @@ class SokujiApp:
         except SokujiError as exc:
             if exc.status >= 500:
                 log.error("%s %s: %s", scope["method"], scope["path"], exc.message)
-            await self._error(scope, send, params, exc.status, exc.code, exc.message, exc.param)
+            await self._error(scope, send, params, exc.status, exc.code, exc.message, exc.param,
+                              exc.headers)
             return
         except Exception as exc:  # the one outermost catch-all: a 500 is a bug, logged
             log.exception("unhandled error on %s %s", scope["method"], scope["path"])
@@ -218,13 +224,15 @@ class SokujiApp:
         asyncio.get_running_loop().call_soon(self.metrics.observe_request, model, tl, 200)
 
     async def _error(self, scope: Scope, send: Send, params: dict[str, str], status: int,
-                     code: str, message: str, param: str | None) -> None:
+                     code: str, message: str, param: str | None,
+                     extra: dict[str, str] | None = None) -> None:
         model = params.get("model_name", "")
         if model in self.inference.repo.models:
             self.metrics.requests.labels(model, str(status)).inc()
         body = error_body(scope["path"], status, code, message, param)
-        await send({"type": "http.response.start", "status": status, "headers": [
-            (b"content-type", JSON.encode()), (b"content-length", str(len(body)).encode())]})
+        headers = [(b"content-type", JSON.encode()), (b"content-length", str(len(body)).encode())]
+        headers += [(k.encode("latin-1"), v.encode("latin-1")) for k, v in (extra or {}).items()]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -11,8 +12,8 @@ import pytest
 
 from sokuji.config import BatchPolicy
 from sokuji.core.batcher import BatcherConfig, BatchInfo, DynamicBatcher
-from sokuji.core.request import STAGES, InferenceRequest, Stage, Timeline
-from sokuji.errors import RuntimeFailed
+from sokuji.core.request import STAGES, InferenceRequest, Priority, Stage, Timeline
+from sokuji.errors import DeadlineExceeded, Overloaded, RuntimeFailed
 from sokuji.runtimes.base import Prepared
 
 WAIT_S = 10  # a safety net against hangs; no test relies on it elapsing
@@ -273,3 +274,139 @@ async def test_stop_fails_what_is_still_queued(rt: GatedRuntime) -> None:
     assert (await first).tolist() == [[4.0]]  # the running batch finished
     with pytest.raises(RuntimeFailed, match="stopped"):
         await queued
+
+
+# --- priorities, admission, deadlines -------------------------------------------------------
+
+def prio_request(name: str, priority: Priority, deadline_ns: int | None = None
+                 ) -> InferenceRequest:
+    req = make_request([name])
+    req.priority, req.deadline_ns = priority, deadline_ns
+    return req
+
+
+async def test_an_interactive_request_overtakes_queued_batch_requests(rt: GatedRuntime) -> None:
+    b, _ = await start(rt, max_batch_size=1)
+    first = asyncio.create_task(b.submit(make_request(["busy"])))
+    await rt.next_batch()
+    bulk = [asyncio.create_task(b.submit(prio_request(f"bulk{i}", Priority.BATCH)))
+            for i in range(5)]
+    await asyncio.sleep(0)
+    urgent = asyncio.create_task(b.submit(prio_request("urgent", Priority.INTERACTIVE)))
+    await asyncio.sleep(0)
+    rt.open(0)
+    assert await rt.next_batch() == ["urgent"]
+    for i in range(1, 7):
+        rt.open(i)
+        if i < 6:
+            assert await rt.next_batch() == [f"bulk{i - 1}"]
+    await asyncio.gather(first, urgent, *bulk)
+    await b.stop()
+
+
+async def test_batch_requests_age_into_interactive(rt: GatedRuntime) -> None:
+    b, _ = await start(rt, max_batch_size=1, priority_aging_ms=0)  # everything has aged
+    first = asyncio.create_task(b.submit(make_request(["busy"])))
+    await rt.next_batch()
+    old = asyncio.create_task(b.submit(prio_request("old-bulk", Priority.BATCH)))
+    await asyncio.sleep(0)
+    new = asyncio.create_task(b.submit(prio_request("new-urgent", Priority.INTERACTIVE)))
+    await asyncio.sleep(0)
+    rt.open(0)
+    assert await rt.next_batch() == ["old-bulk"]  # aged: its age wins
+    rt.open(1)
+    assert await rt.next_batch() == ["new-urgent"]
+    rt.open(2)
+    await asyncio.gather(first, old, new)
+    await b.stop()
+
+
+async def test_a_full_queue_rejects_at_once_with_retry_after(rt: GatedRuntime) -> None:
+    b, _ = await start(rt, max_batch_size=1, max_queue_depth=2)
+    first = asyncio.create_task(b.submit(make_request(["busy"])))
+    await rt.next_batch()
+    queued = [asyncio.create_task(b.submit(make_request([f"q{i}"]))) for i in range(2)]
+    await asyncio.sleep(0)
+    with pytest.raises(Overloaded, match="max_queue_depth 2") as err:
+        await b.submit(make_request(["one too many"]))
+    assert err.value.status == 429 and err.value.headers["retry-after"] == "1"
+    for i in range(3):
+        rt.open(i)
+        if i < 2:
+            await rt.next_batch()
+    await asyncio.gather(first, *queued)
+    await b.stop()
+
+
+async def test_max_concurrency_counts_running_and_queued(rt: GatedRuntime) -> None:
+    b, _ = await start(rt, max_batch_size=1, max_concurrency=2)
+    first = asyncio.create_task(b.submit(make_request(["running"])))
+    await rt.next_batch()
+    second = asyncio.create_task(b.submit(make_request(["queued"])))
+    await asyncio.sleep(0)
+    with pytest.raises(Overloaded, match="max_concurrency 2"):
+        await b.submit(make_request(["third"]))
+    rt.open(0)
+    await rt.next_batch()
+    rt.open(1)
+    await asyncio.gather(first, second)
+    rt.gated = False
+    assert (await b.submit(make_request(["later"]))).tolist() == [[5.0]]  # admitted again
+    await b.stop()
+
+
+async def test_retry_after_follows_the_measured_drain_rate(rt: GatedRuntime) -> None:
+    b, _ = await start(rt, max_batch_size=1, max_queue_depth=3)
+    first = asyncio.create_task(b.submit(make_request(["busy"])))
+    await rt.next_batch()
+    queued = [asyncio.create_task(b.submit(make_request([f"q{i}"]))) for i in range(3)]
+    await asyncio.sleep(0)
+    b._items_per_s = 0.5  # as if one item took 2 s: 3 queued items drain in 6 s
+    with pytest.raises(Overloaded) as err:
+        await b.submit(make_request(["x"]))
+    assert err.value.retry_after_s == 6
+    for i in range(4):
+        rt.open(i)
+        if i < 3:
+            await rt.next_batch()
+    await asyncio.gather(first, *queued)
+    await b.stop()
+
+
+async def test_a_deadline_that_cannot_be_met_is_rejected_without_computing(rt: GatedRuntime
+                                                                           ) -> None:
+    b, _ = await start(rt, max_batch_size=1)
+    first = asyncio.create_task(b.submit(make_request(["busy"])))
+    await rt.next_batch()
+    queued = [asyncio.create_task(b.submit(make_request([f"q{i}"]))) for i in range(5)]
+    await asyncio.sleep(0)
+    b._items_per_s = 10.0  # 5 items ahead: ~500 ms of work
+    soon = time.perf_counter_ns() + 100_000_000
+    with pytest.raises(DeadlineExceeded, match="~500 ms of work is queued ahead"):
+        await b.submit(prio_request("hurry", Priority.INTERACTIVE, soon))
+    with pytest.raises(DeadlineExceeded, match="passed before it was queued"):
+        await b.submit(prio_request("late", Priority.INTERACTIVE, time.perf_counter_ns() - 1))
+    for i in range(6):
+        rt.open(i)
+        if i < 5:
+            await rt.next_batch()
+    await asyncio.gather(first, *queued)
+    assert all("hurry" not in batch and "late" not in batch for batch in rt.batches)
+    await b.stop()
+
+
+async def test_a_queued_request_fails_at_its_deadline_and_never_runs(rt: GatedRuntime) -> None:
+    b, _ = await start(rt, max_batch_size=4)
+    first = asyncio.create_task(b.submit(make_request(["busy"])))
+    await rt.next_batch()
+    doomed = asyncio.create_task(b.submit(
+        prio_request("doomed", Priority.INTERACTIVE, time.perf_counter_ns() + 2_000_000)))
+    kept = asyncio.create_task(b.submit(make_request(["kept"])))
+    with pytest.raises(DeadlineExceeded, match="deadline passed before it could start"):
+        await doomed  # fails when its 2 ms are up, while the batch ahead still runs
+    assert b.num_waiting == 1
+    rt.open(0)
+    assert await rt.next_batch() == ["kept"]
+    rt.open(1)
+    await asyncio.gather(first, kept)
+    await b.stop()

@@ -261,3 +261,23 @@ def test_an_unexpected_bug_is_a_logged_json_500_not_a_crash(caplog: pytest.LogCa
         assert r.json() == {"error": "internal error: ValueError", "code": "internal_error"}
         assert "unhandled error on POST /v2/models/synth/infer" in caplog.text
         assert client.get("/v2/health/live").status_code == 200
+
+
+@pytest.mark.parametrize(("headers", "params", "reason"), [
+    ({"x-sokuji-priority": "urgent"}, {}, "priority 'urgent' is not one of"),
+    ({}, {"priority": -1}, "priority -1 is not one of"),
+    ({"x-sokuji-timeout-ms": "soon"}, {}, "x-sokuji-timeout-ms 'soon' must be a number"),
+    ({"x-sokuji-timeout-ms": "0"}, {}, "must be a number of milliseconds > 0"),
+    ({}, {"timeout": "5s"}, "parameter 'timeout' '5s' must be a number of microseconds"),
+])
+def test_bad_scheduling_hints(synth: TestClient, headers: dict[str, str],
+                              params: dict[str, Any], reason: str) -> None:
+    r = synth.post(INFER, json=v2_body(["a"], parameters=params), headers=headers)
+    assert r.status_code == 400 and reason in r.json()["error"]
+
+
+def test_good_scheduling_hints_are_accepted(synth: TestClient) -> None:
+    for headers, params in (({"x-sokuji-priority": "batch"}, {}), ({}, {"priority": 2}),
+                            ({"x-sokuji-timeout-ms": "5000"}, {}), ({}, {"timeout": 5_000_000})):
+        r = synth.post(INFER, json=v2_body(["a"], parameters=params), headers=headers)
+        assert r.status_code == 200, r.text
