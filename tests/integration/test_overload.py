@@ -51,9 +51,8 @@ def wait_for_queue_depth(url: str, depth: int, timeout_s: float = 10.0) -> None:
 
 
 def test_beyond_the_queue_depth_requests_get_a_fast_429_and_the_rest_complete() -> None:
-    with sokuji_server(SLOW) as url:
-        with concurrent.futures.ThreadPoolExecutor(8) as pool:
-            results = list(pool.map(lambda _: post(url), range(8)))
+    with sokuji_server(SLOW) as url, concurrent.futures.ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda _: post(url), range(8)))
     ok = [r for r in results if r[0] == 200]
     rejected = [r for r in results if r[0] == 429]
     assert len(ok) + len(rejected) == 8  # nothing else: no 5xx, nothing lost
