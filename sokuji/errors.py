@@ -7,6 +7,8 @@
     │   ├── TooManyItems (400)     more items than the model's max_batch_size
     │   ├── PayloadTooLarge (413)
     │   └── UnsupportedMediaType (415)
+    ├── Unauthorized (401)         missing or unknown API key
+    ├── Forbidden (403)            the tenant may not use this model
     ├── NotFound (404)
     │   └── ModelNotFound (404)
     ├── MethodNotAllowed (405)
@@ -101,3 +103,16 @@ class Overloaded(SokujiError):
 class DeadlineExceeded(SokujiError):
     status = 504
     code = "deadline_exceeded"
+
+
+class Unauthorized(SokujiError):
+    status = 401
+    code = "unauthorized"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, headers={"www-authenticate": "Bearer"})
+
+
+class Forbidden(SokujiError):
+    status = 403
+    code = "forbidden"

@@ -16,6 +16,7 @@ from typing import Any
 
 class Stage(enum.StrEnum):
     DECODE = "decode"            # read the body, parse it, validate it against the protocol
+    CACHE = "cache"              # response-cache lookup (or waiting for an identical request)
     PREPROCESS = "preprocess"    # tokenise (before queueing: the batcher needs lengths)
     QUEUE = "queue"              # wait for a free model instance
     BATCH = "batch"              # wait for company once an instance is free
@@ -38,12 +39,14 @@ TOTAL = "total"
 class Timeline:
     """Stage durations of one request, in nanoseconds, from a monotonic clock."""
 
-    __slots__ = ("durations_ns", "last_ns", "start_ns")
+    __slots__ = ("durations_ns", "last_ns", "notes", "start_ns")
 
     def __init__(self, start_ns: int | None = None) -> None:
         self.start_ns = time.perf_counter_ns() if start_ns is None else start_ns
         self.last_ns = self.start_ns
         self.durations_ns: dict[Stage, int] = {}
+        self.notes: dict[Stage, str] = {}
+        """A word about a stage, e.g. the cache's hit or miss; rendered as ``desc``."""
 
     def mark(self, stage: Stage, at_ns: int | None = None) -> int:
         """Close ``stage`` at ``at_ns`` (now by default); returns the stamp."""
@@ -62,12 +65,14 @@ class Timeline:
         out[TOTAL] = self.total_ns / 1e6
         return out
 
-    def server_timing(self, extra: str = "") -> str:
+    def server_timing(self) -> str:
         """W3C ``Server-Timing`` header value, durations in milliseconds."""
-        parts = [f"{s.value};dur={self.durations_ns.get(s, 0) / 1e6:.3f}" for s in STAGES]
+        parts = []
+        for s in STAGES:
+            part = f"{s.value};dur={self.durations_ns.get(s, 0) / 1e6:.3f}"
+            note = self.notes.get(s)
+            parts.append(f'{part};desc="{note}"' if note else part)
         parts.append(f"{TOTAL};dur={self.total_ns / 1e6:.3f}")
-        if extra:
-            parts.append(extra)
         return ", ".join(parts)
 
 

@@ -115,12 +115,18 @@ class Metrics:
         self.requests = Counter(
             "sokuji_requests", "Requests answered, by model and HTTP status.",
             ["model", "status"], registry=r)
+        self.cache_requests = Counter(
+            "sokuji_cache_requests", "Response-cache lookups by result (hit, miss, coalesced, "
+            "bypass).", ["model", "result"], registry=r)
         self._ok: dict[str, Callable[[], None]] = {}
 
     def add_model(self, name: str, queue: _Queue) -> None:
         self._timings[name] = TimingHistograms()
         self._ok[name] = self.requests.labels(name, "200").inc
         self.queue_depth.labels(name).set_function(lambda: float(queue.num_waiting))
+
+    def cache_result(self, model: str, result: str) -> None:
+        self.cache_requests.labels(model, result).inc()
 
     def batch_observer(self, name: str) -> Callable[[BatchInfo], None]:
         size, tokens = self.batch_size.labels(name), self.batch_tokens.labels(name)

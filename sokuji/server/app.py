@@ -28,9 +28,11 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sokuji import __version__
 from sokuji.config import ServerConfig
+from sokuji.core.cache import CacheResult, Entry, ResponseCache, cache_key
 from sokuji.core.request import InferenceRequest, Stage, Timeline
 from sokuji.errors import (
     BadRequest,
+    ConfigError,
     MethodNotAllowed,
     PayloadTooLarge,
     SokujiError,
@@ -39,6 +41,7 @@ from sokuji.errors import (
 from sokuji.models.repository import Model, ModelRepository
 from sokuji.observability.metrics import CONTENT_TYPE, Metrics
 from sokuji.server import openai_api, scheduling, v2
+from sokuji.server.auth import Authenticator, Tenant
 
 log = logging.getLogger(__name__)
 JSON = "application/json"
@@ -101,29 +104,52 @@ def check_content_type(headers: Headers, binary_ok: bool) -> None:
 class Inference:
     """The inference endpoints, as plain functions of (path parameters, headers, body)."""
 
-    def __init__(self, config: ServerConfig, repo: ModelRepository, metrics: Metrics) -> None:
+    def __init__(self, config: ServerConfig, repo: ModelRepository, metrics: Metrics,
+                 cache: ResponseCache | None = None) -> None:
         self.config = config
         self.repo = repo
         self.metrics = metrics
+        self.cache = cache
+        self.auth = Authenticator(config.api_keys)
 
     async def _run(self, model: Model, texts: list[str], tl: Timeline, headers: Headers,
-                   parameters: dict[str, Any], request_id: str = "") -> tuple[np.ndarray, int]:
-        """Run texts through the model's queue; returns (outputs, unpadded token count)."""
-        prio = scheduling.priority(headers, parameters)
+                   parameters: dict[str, Any], tenant: Tenant,
+                   request_id: str = "") -> tuple[np.ndarray, int]:
+        """Outputs for ``texts`` (from the cache, or through the model's queue), and the
+        unpadded token count."""
+        prio = scheduling.priority(headers, parameters, tenant.priority)
         deadline = scheduling.deadline_ns(headers, parameters, tl.start_ns,
                                           model.config.default_timeout_ms)
-        prepared = model.runtime.preprocess(texts)
-        tl.mark(Stage.PREPROCESS)
-        output = await model.batcher.submit(InferenceRequest(
-            model=model.name, payload=prepared, num_items=prepared.num_items,
-            length=prepared.length, timeline=tl, request_id=request_id, priority=prio,
-            deadline_ns=deadline))
-        tl.mark(Stage.POSTPROCESS)
-        return output, prepared.num_tokens
+
+        async def compute() -> Entry:
+            if self.cache is not None and model.config.cache:
+                tl.mark(Stage.CACHE)
+            prepared = model.runtime.preprocess(texts)
+            tl.mark(Stage.PREPROCESS)
+            output = await model.batcher.submit(InferenceRequest(
+                model=model.name, payload=prepared, num_items=prepared.num_items,
+                length=prepared.length, timeline=tl, request_id=request_id, priority=prio,
+                deadline_ns=deadline))
+            tl.mark(Stage.POSTPROCESS)
+            return Entry(output, prepared.num_tokens)
+
+        if self.cache is None or not model.config.cache:
+            entry = await compute()
+            return entry.output, entry.num_tokens
+        control = headers.get("cache-control", "").lower()
+        key = cache_key(tenant.name, model.name, model.version, texts)
+        entry, result = await self.cache.get_or_compute(
+            model.name, key, compute, read="no-cache" not in control,
+            store="no-store" not in control)
+        tl.notes[Stage.CACHE] = result.value
+        if result in (CacheResult.HIT, CacheResult.COALESCED):
+            tl.mark(Stage.CACHE)
+        return entry.output, entry.num_tokens
 
     async def v2_infer(self, params: dict[str, str], headers: Headers, receive: Receive,
-                       tl: Timeline) -> tuple[str, bytes, Headers]:
+                       tl: Timeline, tenant: Tenant) -> tuple[str, bytes, Headers]:
         model = self.repo.get_ready(params["model_name"], params.get("version"))
+        tenant.check_model(model.name)
         header_len = headers.get(v2.HEADER_LENGTH)
         check_content_type(headers, binary_ok=header_len is not None)
         body = await read_body(receive, headers, self.config.max_request_bytes)
@@ -134,28 +160,30 @@ class Inference:
                              "integer") from None
         req = v2.decode_infer(body, length, model.metadata, model.config.max_batch_size)
         tl.mark(Stage.DECODE)
-        output, _ = await self._run(model, req.texts, tl, headers, req.parameters,
+        output, _ = await self._run(model, req.texts, tl, headers, req.parameters, tenant,
                                     req.request_id)
         payload, out_headers = v2.encode_infer(model.name, model.version, req,
                                                [(model.metadata.outputs[0], output)])
         return model.name, payload, out_headers
 
     async def openai_embeddings(self, params: dict[str, str], headers: Headers,
-                                receive: Receive, tl: Timeline) -> tuple[str, bytes, Headers]:
+                                receive: Receive, tl: Timeline, tenant: Tenant
+                                ) -> tuple[str, bytes, Headers]:
         check_content_type(headers, binary_ok=False)
         body = await read_body(receive, headers, self.config.max_request_bytes)
         req = openai_api.decode_embeddings(body)
         model = self.repo.get_ready(req.model)
         params["model_name"] = model.name
+        tenant.check_model(model.name)
         openai_api.check_limits(req, model.config.max_batch_size,
                                 model.metadata.outputs[0].shape[-1])
         tl.mark(Stage.DECODE)
-        output, num_tokens = await self._run(model, req.texts, tl, headers, {})
+        output, num_tokens = await self._run(model, req.texts, tl, headers, {}, tenant)
         return model.name, openai_api.encode_embeddings(req, output, num_tokens), \
             {"content-type": JSON}
 
 
-Endpoint = Callable[[dict[str, str], Headers, Receive, Timeline],
+Endpoint = Callable[[dict[str, str], Headers, Receive, Timeline, Tenant],
                     Awaitable[tuple[str, bytes, Headers]]]
 
 
@@ -200,7 +228,8 @@ class SokujiApp:
                 raise MethodNotAllowed(f"{scope['method']} is not allowed on {scope['path']}; "
                                        "use POST")
             headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-            model, body, out_headers = await endpoint(params, headers, receive, tl)
+            tenant = self.inference.auth.authenticate(headers)
+            model, body, out_headers = await endpoint(params, headers, receive, tl, tenant)
         except ClientGone:
             return
         except SokujiError as exc:
@@ -297,6 +326,21 @@ def _json(doc: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(doc), status_code=status, headers={"content-type": JSON})
 
 
+def build_cache(config: ServerConfig, metrics: Metrics) -> ResponseCache | None:
+    c = config.cache
+    if not c.enabled or not any(m.cache for m in config.models):
+        return None
+    if c.backend == "redis":
+        from sokuji.core.cache import RedisBackend
+
+        backend: Any = RedisBackend(c.redis_url, c.ttl_s)
+    else:
+        from sokuji.core.cache import MemoryBackend
+
+        backend = MemoryBackend(c.max_bytes, c.ttl_s)
+    return ResponseCache(backend, on_result=metrics.cache_result)
+
+
 def create_app(config: ServerConfig, repo: ModelRepository,
                metrics: Metrics | None = None) -> SokujiApp:
     """The ASGI app over an already-loaded repository; batchers start with the lifespan."""
@@ -304,14 +348,23 @@ def create_app(config: ServerConfig, repo: ModelRepository,
     for name, model in repo.models.items():
         metrics.add_model(name, model.batcher)
     cp = ControlPlane(repo, metrics)
+    cache = build_cache(config, metrics)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        if cache is not None and hasattr(cache.backend, "ping"):
+            try:
+                await cache.backend.ping()
+            except Exception as exc:  # any connection error: stop start-up, say why
+                raise ConfigError.for_key("cache.redis_url", config.cache.redis_url,
+                                          f"cannot reach Redis: {exc}") from exc
         repo.start()
         try:
             yield
         finally:
             await repo.stop()
+            if cache is not None:
+                await cache.close()
 
     routes = [
         Route("/v2", cp.server_metadata, methods=["GET"]),
@@ -332,4 +385,4 @@ def create_app(config: ServerConfig, repo: ModelRepository,
         Exception: cp.on_unexpected,
     }
     control_plane = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)
-    return SokujiApp(Inference(config, repo, metrics), control_plane)
+    return SokujiApp(Inference(config, repo, metrics, cache), control_plane)

@@ -2,7 +2,7 @@
 
 - Priority: header ``X-Sokuji-Priority: interactive | batch``, or the V2 parameter
   ``priority``, either such a name or Triton's integer (0 default, 1 highest: interactive;
-  2 and above: batch). Default: interactive.
+  2 and above: batch). Default: the tenant's (API key's) priority, else interactive.
 - Timeout: header ``X-Sokuji-Timeout-Ms``, or the V2 parameter ``timeout`` in microseconds
   (Triton's convention), else the model's ``default_timeout_ms``. The deadline is counted from
   the request's arrival.
@@ -21,10 +21,11 @@ TIMEOUT_HEADER = "x-sokuji-timeout-ms"
 _NAMES = {"interactive": Priority.INTERACTIVE, "batch": Priority.BATCH}
 
 
-def priority(headers: Mapping[str, str], parameters: Mapping[str, Any]) -> Priority:
+def priority(headers: Mapping[str, str], parameters: Mapping[str, Any],
+             tenant_default: str | None = None) -> Priority:
     raw: Any = headers.get(PRIORITY_HEADER, parameters.get("priority"))
     if raw is None:
-        return Priority.INTERACTIVE
+        return _NAMES.get(tenant_default or "", Priority.INTERACTIVE)
     if isinstance(raw, str) and raw.strip().lower() in _NAMES:
         return _NAMES[raw.strip().lower()]
     if isinstance(raw, int) and not isinstance(raw, bool) and raw >= 0:

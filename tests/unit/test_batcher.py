@@ -250,6 +250,7 @@ async def test_timeline_stages_tile_the_request(rt: GatedRuntime) -> None:
     b, _ = await start(rt)
     req = make_request(["abc"])
     req.timeline.mark(Stage.DECODE)
+    req.timeline.mark(Stage.CACHE)
     req.timeline.mark(Stage.PREPROCESS)
     await b.submit(req)
     req.timeline.mark(Stage.POSTPROCESS)

@@ -9,6 +9,7 @@ import orjson
 import pytest
 from starlette.testclient import TestClient
 
+from sokuji.bench.engine import parse_server_timing
 from sokuji.core.request import STAGES, TOTAL
 from tests.conftest import client_for, synthetic_config
 
@@ -22,12 +23,6 @@ def v2_body(texts: list[Any], **extra: Any) -> dict[str, Any]:
     return doc
 
 
-def parse_server_timing(value: str) -> dict[str, float]:
-    out = {}
-    for part in value.split(","):
-        name, dur = part.strip().split(";dur=")
-        out[name] = float(dur)
-    return out
 
 
 def test_v2_infer_answers_with_outputs_id_and_server_timing(synth: TestClient) -> None:
