@@ -79,6 +79,7 @@ log_level = "warning"
 [[models]]
 name = "minilm"
 runtime = "synthetic"
+cache = false
 max_batch_size = 8
 options = {{base_ms = 2.0, per_item_ms = 0.25}}
 """

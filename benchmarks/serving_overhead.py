@@ -152,6 +152,7 @@ cache_dir = "{args.cache_dir}"
 log_level = "warning"
 [[models]]
 name = "minilm"
+cache = false  # measures serving, not caching: the dataset repeats
 intra_op_threads = 1
 max_batch_size = {max_batch_size}
 batching = "{batching}"

@@ -27,6 +27,7 @@ LOGNORMAL = f"""
 [[models]]
 name = "synth"
 runtime = "synthetic"
+cache = false
 max_batch_size = 1
 instances = 4
 options = {{base_ms = {MEAN_MS}, distribution = "lognormal", sigma = {SIGMA}, seed = 3}}
@@ -34,6 +35,7 @@ options = {{base_ms = {MEAN_MS}, distribution = "lognormal", sigma = {SIGMA}, se
 [[models]]
 name = "instant"
 runtime = "synthetic"
+cache = false
 max_batch_size = 1
 instances = 4
 options = {{base_ms = 0.0}}
@@ -86,6 +88,7 @@ STALL = """
 [[models]]
 name = "synth"
 runtime = "synthetic"
+cache = false
 max_batch_size = 16
 options = {{base_ms = 2.0, stall_ms = 1000.0, stall_after_batches = {after}}}
 """
@@ -138,6 +141,7 @@ def test_sweep_finds_the_capacity_knee(tmp_path: Path) -> None:
 [[models]]
 name = "synth"
 runtime = "synthetic"
+cache = false
 max_batch_size = 1
 options = {base_ms = 10.0}
 """

@@ -18,6 +18,7 @@ SLOW = """
 [[models]]
 name = "slow"
 runtime = "synthetic"
+cache = false
 max_batch_size = 1
 max_queue_depth = 2
 options = {base_ms = 300.0}
