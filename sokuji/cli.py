@@ -41,6 +41,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    import asyncio
+    import signal
+    from types import FrameType
+
     import uvicorn
 
     from sokuji.models.repository import ModelRepository
@@ -55,10 +59,30 @@ def _serve(args: argparse.Namespace) -> int:
     metrics = Metrics()
     repo = ModelRepository.load(config, on_batch=metrics.batch_observer)
     app = create_app(config, repo, metrics)
-    uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level,
-                loop="uvloop", http="httptools", access_log=False, server_header=False,
-                proxy_headers=False,
-                date_header=False, timeout_graceful_shutdown=10)
+
+    class Server(uvicorn.Server):
+        """SIGTERM: readiness false first, drain, then uvicorn's graceful shutdown (stop
+        accepting, finish in-flight requests within the grace period, stop the models)."""
+
+        draining = False
+
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            if self.draining or sig != signal.SIGTERM or config.shutdown_drain_s <= 0:
+                repo.mark_unready()
+                super().handle_exit(sig, frame)
+                return
+            self.draining = True
+            repo.mark_unready()
+            logging.getLogger("sokuji").info(
+                "SIGTERM: not ready; closing the listener in %.1f s", config.shutdown_drain_s)
+            asyncio.get_running_loop().call_later(config.shutdown_drain_s,
+                                                  super().handle_exit, sig, frame)
+
+    server = Server(uvicorn.Config(
+        app, host=config.host, port=config.port, log_level=config.log_level, loop="uvloop",
+        http="httptools", access_log=False, server_header=False, date_header=False,
+        proxy_headers=False, timeout_graceful_shutdown=int(config.shutdown_grace_s) or None))
+    server.run()
     return 0
 
 

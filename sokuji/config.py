@@ -100,6 +100,10 @@ class ServerConfig:
     cache_dir: str = str(Path.home() / ".cache" / "sokuji")
     max_request_bytes: int = 4 * 1024 * 1024
     log_level: str = "info"
+    shutdown_drain_s: float = 0.0
+    """On SIGTERM: seconds between readiness turning false and the listener closing."""
+    shutdown_grace_s: float = 30.0
+    """Then: the most seconds in-flight requests get to finish."""
     models: tuple[ModelConfig, ...] = (ModelConfig(name=DEFAULT_MODEL_NAME),)
     api_keys: tuple[ApiKey, ...] = ()
     cache: CacheConfig = CacheConfig()
@@ -109,7 +113,7 @@ class ServerConfig:
 
 
 _SERVER_SCALARS = {"host": str, "port": int, "cache_dir": str, "max_request_bytes": int,
-                   "log_level": str}
+                   "log_level": str, "shutdown_drain_s": float, "shutdown_grace_s": float}
 _LOG_LEVELS = {"critical", "error", "warning", "info", "debug", "trace"}
 
 
@@ -269,6 +273,9 @@ def validate(config: ServerConfig) -> ServerConfig:
                                   f"must be one of: {', '.join(sorted(_LOG_LEVELS))}")
     if not config.models:
         raise ConfigError.for_key("models", [], "at least one model is needed")
+    for key in ("shutdown_drain_s", "shutdown_grace_s"):
+        if getattr(config, key) < 0:
+            raise ConfigError.for_key(key, getattr(config, key), "must be zero or more")
     seen: set[str] = set()
     for i, m in enumerate(config.models):
         _validate_model(i, m)

@@ -111,6 +111,10 @@ class DynamicBatcher:
         return self._busy
 
     @property
+    def running(self) -> bool:
+        return self._loop is not None
+
+    @property
     def drain_items_per_s(self) -> float:
         """Measured rate at which the queue drains (all instances); 0 before any batch ran."""
         return self._items_per_s * self.config.instances

@@ -69,6 +69,8 @@ class Model:
 @dataclass
 class ModelRepository:
     models: dict[str, Model] = field(default_factory=dict)
+    draining: bool = False
+    """Shutting down: not ready, but requests that still arrive are served until the end."""
 
     @classmethod
     def load(cls, config: ServerConfig,
@@ -100,6 +102,12 @@ class ModelRepository:
             model.batcher.start()
             model.ready = True
 
+    def mark_unready(self) -> None:
+        """Readiness turns false (shutdown begins); requests are still served."""
+        for model in self.models.values():
+            model.ready = False
+        self.draining = True
+
     async def stop(self) -> None:
         for model in self.models.values():
             model.ready = False
@@ -119,7 +127,7 @@ class ModelRepository:
 
     def get_ready(self, name: str, version: str | None = None) -> Model:
         model = self.get(name, version)
-        if not model.ready:
+        if not model.ready and not (self.draining and model.batcher.running):
             raise ModelNotReady(f"model '{name}' is not ready")
         return model
 

@@ -34,8 +34,8 @@ def wait_ready(proc: subprocess.Popen[bytes], url: str, timeout_s: float = 60.0)
 
 
 @contextmanager
-def sokuji_server(config_body: str) -> Iterator[str]:
-    """Serve ``config_body`` (TOML without ``port``); yields the base URL."""
+def sokuji_process(config_body: str) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """Serve ``config_body`` (TOML without ``port``); yields the process and its base URL."""
     port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp) / "sokuji.toml"
@@ -44,7 +44,15 @@ def sokuji_server(config_body: str) -> Iterator[str]:
                                  str(config)], stdout=subprocess.DEVNULL)
         try:
             wait_ready(proc, f"http://127.0.0.1:{port}/v2/health/ready")
-            yield f"http://127.0.0.1:{port}"
+            yield proc, f"http://127.0.0.1:{port}"
         finally:
-            proc.terminate()
+            if proc.poll() is None:
+                proc.terminate()
             proc.wait(timeout=20)
+
+
+@contextmanager
+def sokuji_server(config_body: str) -> Iterator[str]:
+    """Serve ``config_body`` (TOML without ``port``); yields the base URL."""
+    with sokuji_process(config_body) as (_, url):
+        yield url

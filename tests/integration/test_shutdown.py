@@ -1,0 +1,54 @@
+"""SIGTERM: readiness false first, in-flight requests finish, then a clean exit."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import signal
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from tests.integration.serving import sokuji_process
+from tests.integration.test_overload import post, wait_for_queue_depth
+
+pytestmark = pytest.mark.integration
+
+CONFIG = """
+shutdown_drain_s = 0.6
+shutdown_grace_s = 10
+[[models]]
+name = "slow"
+runtime = "synthetic"
+cache = false
+max_batch_size = 1
+options = {base_ms = 400.0}
+"""
+
+
+def ready_status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(f"{url}/v2/health/ready", timeout=2) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def test_sigterm_drains_then_finishes_in_flight_requests_and_exits_cleanly() -> None:
+    with sokuji_process(CONFIG) as (proc, url), \
+            concurrent.futures.ThreadPoolExecutor(2) as pool:
+        in_flight = [pool.submit(post, url) for _ in range(2)]
+        wait_for_queue_depth(url, 1)  # one running, one queued
+        proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 0.5
+        statuses = set()
+        while time.monotonic() < deadline and 503 not in statuses:
+            statuses.add(ready_status(url))
+        assert 503 in statuses  # readiness turned false while still listening
+        assert [f.result(timeout=10)[0] for f in in_flight] == [200, 200]
+        # uvicorn shuts down cleanly, then re-raises the signal it caught, so a supervisor
+        # sees the process end by SIGTERM, as it asked.
+        assert proc.wait(timeout=15) in (0, -signal.SIGTERM)
+        with pytest.raises(urllib.error.URLError):
+            urllib.request.urlopen(f"{url}/v2/health/live", timeout=1)
