@@ -94,6 +94,15 @@ class CacheConfig:
 
 
 @dataclass(frozen=True)
+class JobsConfig:
+    enabled: bool = True
+    path: str = ""
+    """SQLite file; default: <cache_dir>/jobs.sqlite"""
+    concurrency: int = 16
+    """Jobs run at once (they are batched together like any other requests)."""
+
+
+@dataclass(frozen=True)
 class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
@@ -107,6 +116,11 @@ class ServerConfig:
     models: tuple[ModelConfig, ...] = (ModelConfig(name=DEFAULT_MODEL_NAME),)
     api_keys: tuple[ApiKey, ...] = ()
     cache: CacheConfig = CacheConfig()
+    jobs: JobsConfig = JobsConfig()
+
+    @property
+    def jobs_path(self) -> str:
+        return self.jobs.path or str(Path(self.cache_dir) / "jobs.sqlite")
 
     def model(self, name: str) -> ModelConfig | None:
         return next((m for m in self.models if m.name == name), None)
@@ -248,17 +262,21 @@ def _api_keys(raw: Any) -> tuple[ApiKey, ...]:
     return tuple(keys)
 
 
-def _cache(raw: Any) -> CacheConfig:
+def _table(name: str, raw: Any, cls: Any, kinds: dict[str, type]) -> Any:
     if not isinstance(raw, Mapping):
-        raise ConfigError.for_key("cache", raw, "must be a table")
-    kinds = {"enabled": bool, "backend": str, "max_bytes": int, "ttl_s": float,
-             "redis_url": str}
+        raise ConfigError.for_key(name, raw, "must be a table")
     values = {}
     for k, v in raw.items():
         if k not in kinds:
-            raise ConfigError.for_key(f"cache.{k}", v, "unknown key")
-        values[k] = _coerce(f"cache.{k}", v, kinds[k])
-    return CacheConfig(**values)
+            raise ConfigError.for_key(f"{name}.{k}", v, "unknown key")
+        values[k] = _coerce(f"{name}.{k}", v, kinds[k])
+    return cls(**values)
+
+
+def _cache(raw: Any) -> CacheConfig:
+    return _table("cache", raw, CacheConfig, {"enabled": bool, "backend": str,
+                                               "max_bytes": int, "ttl_s": float,
+                                               "redis_url": str})
 
 
 def validate(config: ServerConfig) -> ServerConfig:
@@ -288,6 +306,9 @@ def validate(config: ServerConfig) -> ServerConfig:
         for name in k.models:
             if name not in seen:
                 raise ConfigError.for_key(f"api_keys[{i}].models", name, "no such model")
+    if config.jobs.concurrency < 1:
+        raise ConfigError.for_key("jobs.concurrency", config.jobs.concurrency,
+                                  "must be at least 1")
     c = config.cache
     if c.backend not in ("memory", "redis"):
         raise ConfigError.for_key("cache.backend", c.backend, "must be memory or redis")
@@ -310,7 +331,7 @@ def load(path: str | Path | None = None, env: Mapping[str, str] | None = None,
             raise ConfigError.for_key("config", str(path), "no such file") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError.for_key("config", str(path), f"not valid TOML: {exc}") from None
-    tables = {"models", "api_keys", "cache"}
+    tables = {"models", "api_keys", "cache", "jobs"}
     for key in raw:
         if key not in _SERVER_SCALARS and key not in tables:
             raise ConfigError.for_key(key, raw[key], "unknown key")
@@ -320,6 +341,9 @@ def load(path: str | Path | None = None, env: Mapping[str, str] | None = None,
         values["api_keys"] = _api_keys(raw["api_keys"])
     if "cache" in raw:
         values["cache"] = _cache(raw["cache"])
+    if "jobs" in raw:
+        values["jobs"] = _table("jobs", raw["jobs"], JobsConfig,
+                                {"enabled": bool, "path": str, "concurrency": int})
     for key, kind in _SERVER_SCALARS.items():
         env_value = env.get(f"{ENV_PREFIX}{key.upper()}")
         if env_value is not None:

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,7 +29,8 @@ def synthetic_config(**model: object) -> cfg.ServerConfig:
                                "options": {"base_ms": 0.0}}
     base.update(model)
     return cfg.validate(cfg.ServerConfig(models=(cfg.ModelConfig(**base),),  # type: ignore[arg-type]
-                                         max_request_bytes=64 * 1024))
+                                         max_request_bytes=64 * 1024,
+                                         cache_dir=tempfile.mkdtemp(prefix="sokuji-test-")))
 
 
 @pytest.fixture

@@ -33,72 +33,26 @@ from sokuji.core.request import InferenceRequest, Stage, Timeline
 from sokuji.errors import (
     BadRequest,
     ConfigError,
+    InvalidInput,
     MethodNotAllowed,
-    PayloadTooLarge,
     SokujiError,
-    UnsupportedMediaType,
 )
 from sokuji.models.repository import Model, ModelRepository
 from sokuji.observability.metrics import CONTENT_TYPE, Metrics
 from sokuji.server import openai_api, scheduling, v2
 from sokuji.server.auth import Authenticator, Tenant
+from sokuji.server.http import (
+    JSON,
+    ClientGone,
+    Headers,
+    Reply,
+    check_content_type,
+    error_reply,
+    read_body,
+)
+from sokuji.server.jobs import JOBS_PREFIX, JobService
 
 log = logging.getLogger(__name__)
-JSON = "application/json"
-Headers = dict[str, str]
-
-
-class ClientGone(Exception):
-    """The client disconnected before its request body was complete."""
-
-
-async def read_body(receive: Receive, headers: Headers, limit: int) -> bytes:
-    """The whole body, refusing more than ``limit`` bytes before reading them where possible."""
-    declared = headers.get("content-length")
-    if declared is not None:
-        try:
-            size = int(declared)
-        except ValueError:
-            raise BadRequest(f"Content-Length {declared!r} is not an integer") from None
-        if size > limit:
-            raise PayloadTooLarge(f"request body of {size} bytes exceeds the limit of "
-                                  f"{limit} bytes")
-    encoding = headers.get("content-encoding", "identity").lower()
-    if encoding != "identity":
-        raise UnsupportedMediaType(f"Content-Encoding {encoding!r} is not supported; "
-                                   "send the body uncompressed")
-    message = await receive()
-    if message["type"] == "http.disconnect":
-        raise ClientGone
-    body = message.get("body", b"")
-    if not message.get("more_body", False):
-        if len(body) > limit:
-            raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
-        return body  # the common case: one message
-    chunks, total = [body], len(body)
-    while message.get("more_body", False):
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ClientGone
-        chunk = message.get("body", b"")
-        total += len(chunk)
-        if total > limit:
-            raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def check_content_type(headers: Headers, binary_ok: bool) -> None:
-    ctype = headers.get("content-type")
-    if ctype is None:
-        return
-    base = ctype.split(";", 1)[0].strip().lower()
-    if base == JSON or (binary_ok and base == "application/octet-stream"):
-        return
-    accepted = "application/json" + (
-        " or application/octet-stream (with Inference-Header-Content-Length)"
-        if binary_ok else "")
-    raise UnsupportedMediaType(f"Content-Type {ctype!r} is not supported; send {accepted}")
 
 
 class Inference:
@@ -187,21 +141,17 @@ Endpoint = Callable[[dict[str, str], Headers, Receive, Timeline, Tenant],
                     Awaitable[tuple[str, bytes, Headers]]]
 
 
-def error_body(path: str, status: int, code: str, message: str, param: str | None) -> bytes:
-    if path.startswith("/v1/"):
-        return openai_api.error_body(status, code, message, param)
-    return orjson.dumps({"error": message, "code": code})
-
-
 class SokujiApp:
-    """Outermost ASGI app: inference routes directly, everything else to Starlette."""
+    """Outermost ASGI app: inference (and jobs) directly, everything else to Starlette."""
 
-    def __init__(self, inference: Inference, control_plane: ASGIApp) -> None:
+    def __init__(self, inference: Inference, control_plane: ASGIApp,
+                 jobs: JobService | None = None) -> None:
         self.inference = inference
         self.control_plane = control_plane
         self.metrics = inference.metrics
+        self.jobs = jobs
 
-    def _route(self, path: str) -> tuple[Endpoint, dict[str, str]] | None:
+    def route(self, path: str) -> tuple[Endpoint, dict[str, str]] | None:
         if path == "/v1/embeddings":
             return self.inference.openai_embeddings, {}
         if path.startswith("/v2/models/") and path.endswith("/infer"):
@@ -217,52 +167,78 @@ class SokujiApp:
             await self.control_plane(scope, receive, send)
             return
         t0 = time.perf_counter_ns()
-        route = self._route(scope["path"])
-        if route is None:
+        path, method = scope["path"], scope["method"]
+        is_job = self.jobs is not None and path.startswith(JOBS_PREFIX)
+        if not is_job and self.route(path) is None:
             await self.control_plane(scope, receive, send)
             return
-        endpoint, params = route
-        tl = Timeline(t0)
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        if is_job:
+            assert self.jobs is not None
+            reply: Reply | None = await self.guard(method, path, {}, self.jobs.status(
+                method, path, headers))
+        elif self.jobs is not None and "respond-async" in headers.get("prefer", ""):
+            reply = await self.guard(method, path, {},
+                                     self.jobs.submit(method, path, headers, receive))
+        else:
+            reply = await self.respond(method, path, headers, receive, t0)
+        if reply is not None:
+            await reply.send(send)
+
+    def check_job(self, path: str, body: bytes, tenant: Tenant) -> None:
+        """What is known before a job is accepted: its model exists and the tenant may use it.
+        (A job that fails later records its 4xx as its result.)"""
+        route = self.route(path)
+        assert route is not None
+        params = route[1]
+        name, version = params.get("model_name"), params.get("version")
+        if name is None:  # OpenAI: the model is named in the body
+            doc = v2.parse_json(body)
+            name = doc.get("model") if isinstance(doc, dict) else None
+            if not isinstance(name, str):
+                raise InvalidInput("'model' is required and must be a string", param="model")
+        tenant.check_model(self.inference.repo.get(name, version).name)
+
+    async def guard(self, method: str, path: str, params: dict[str, str],
+                    work: Awaitable[Reply | None]) -> Reply | None:
+        """Await ``work``; map the error tree to replies, and anything else to a logged 500."""
         try:
-            if scope["method"] != "POST":
-                raise MethodNotAllowed(f"{scope['method']} is not allowed on {scope['path']}; "
-                                       "use POST")
-            headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-            tenant = self.inference.auth.authenticate(headers)
-            model, body, out_headers = await endpoint(params, headers, receive, tl, tenant)
+            return await work
         except ClientGone:
-            return
+            return None
         except SokujiError as exc:
             if exc.status >= 500:
-                log.error("%s %s: %s", scope["method"], scope["path"], exc.message)
-            await self._error(scope, send, params, exc.status, exc.code, exc.message, exc.param,
-                              exc.headers)
-            return
+                log.error("%s %s: %s", method, path, exc.message)
+            model = params.get("model_name", "")
+            if model in self.inference.repo.models:
+                self.metrics.requests.labels(model, str(exc.status)).inc()
+            return error_reply(path, exc.status, exc.code, exc.message, exc.param, exc.headers)
         except Exception as exc:  # the one outermost catch-all: a 500 is a bug, logged
-            log.exception("unhandled error on %s %s", scope["method"], scope["path"])
-            await self._error(scope, send, params, 500, "internal_error",
-                              f"internal error: {type(exc).__name__}", None)
-            return
-        tl.mark(Stage.ENCODE)
-        raw_headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in out_headers.items()]
-        raw_headers.append((b"content-length", str(len(body)).encode()))
-        raw_headers.append((b"server-timing", tl.server_timing().encode()))
-        await send({"type": "http.response.start", "status": 200, "headers": raw_headers})
-        await send({"type": "http.response.body", "body": body})
-        # Published after the response is written, off the request's own latency.
-        asyncio.get_running_loop().call_soon(self.metrics.observe_request, model, tl, 200)
+            log.exception("unhandled error on %s %s", method, path)
+            return error_reply(path, 500, "internal_error",
+                               f"internal error: {type(exc).__name__}")
 
-    async def _error(self, scope: Scope, send: Send, params: dict[str, str], status: int,
-                     code: str, message: str, param: str | None,
-                     extra: dict[str, str] | None = None) -> None:
-        model = params.get("model_name", "")
-        if model in self.inference.repo.models:
-            self.metrics.requests.labels(model, str(status)).inc()
-        body = error_body(scope["path"], status, code, message, param)
-        headers = [(b"content-type", JSON.encode()), (b"content-length", str(len(body)).encode())]
-        headers += [(k.encode("latin-1"), v.encode("latin-1")) for k, v in (extra or {}).items()]
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+    async def respond(self, method: str, path: str, headers: Headers, receive: Receive,
+                      t0: int, tenant: Tenant | None = None) -> Reply | None:
+        """The inference path as a function: the reply, or None if the client went away.
+        ``tenant`` is given for work already authorised (jobs); else the headers decide."""
+        route = self.route(path)
+        assert route is not None
+        endpoint, params = route
+        tl = Timeline(t0)
+
+        async def run() -> Reply:
+            if method != "POST":
+                raise MethodNotAllowed(f"{method} is not allowed on {path}; use POST")
+            who = tenant or self.inference.auth.authenticate(headers)
+            model, body, out_headers = await endpoint(params, headers, receive, tl, who)
+            tl.mark(Stage.ENCODE)
+            out_headers["server-timing"] = tl.server_timing()
+            # Published after the response is written, off the request's own latency.
+            asyncio.get_running_loop().call_soon(self.metrics.observe_request, model, tl, 200)
+            return Reply(200, body, out_headers)
+
+        return await self.guard(method, path, params, run())
 
 
 class ControlPlane:
@@ -303,8 +279,8 @@ class ControlPlane:
     @staticmethod
     def _error(request: Request, status: int, code: str, message: str,
                param: str | None = None) -> Response:
-        return Response(error_body(request.url.path, status, code, message, param),
-                        status_code=status, headers={"content-type": JSON})
+        reply = error_reply(request.url.path, status, code, message, param)
+        return Response(reply.body, status_code=status, headers=reply.headers)
 
     async def on_sokuji_error(self, request: Request, exc: Exception) -> Response:
         assert isinstance(exc, SokujiError)
@@ -349,6 +325,13 @@ def create_app(config: ServerConfig, repo: ModelRepository,
         metrics.add_model(name, model.batcher)
     cp = ControlPlane(repo, metrics)
     cache = build_cache(config, metrics)
+    inference = Inference(config, repo, metrics, cache)
+    jobs = None
+    if config.jobs.enabled:
+        from sokuji.core.jobs import JobStore
+
+        jobs = JobService(JobStore(config.jobs_path), inference.auth, config.max_request_bytes,
+                          config.jobs.concurrency)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -359,9 +342,13 @@ def create_app(config: ServerConfig, repo: ModelRepository,
                 raise ConfigError.for_key("cache.redis_url", config.cache.redis_url,
                                           f"cannot reach Redis: {exc}") from exc
         repo.start()
+        if jobs is not None:
+            jobs.start(app_.respond, app_.check_job)
         try:
             yield
         finally:
+            if jobs is not None:
+                await jobs.stop()
             await repo.stop()
             if cache is not None:
                 await cache.close()
@@ -385,4 +372,5 @@ def create_app(config: ServerConfig, repo: ModelRepository,
         Exception: cp.on_unexpected,
     }
     control_plane = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)
-    return SokujiApp(Inference(config, repo, metrics, cache), control_plane)
+    app_ = SokujiApp(inference, control_plane, jobs)
+    return app_

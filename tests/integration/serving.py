@@ -39,7 +39,9 @@ def sokuji_process(config_body: str) -> Iterator[tuple[subprocess.Popen[bytes], 
     port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp) / "sokuji.toml"
-        config.write_text(f"port = {port}\nlog_level = \"warning\"\n{config_body}")
+        # Each server keeps its own state (jobs.sqlite) unless the test names a cache_dir.
+        own_dir = "" if "cache_dir" in config_body else f'cache_dir = "{tmp}"\n'
+        config.write_text(f"port = {port}\nlog_level = \"warning\"\n{own_dir}{config_body}")
         proc = subprocess.Popen([sys.executable, "-m", "sokuji", "serve", "--config",
                                  str(config)], stdout=subprocess.DEVNULL)
         try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import tempfile
 from collections.abc import Iterator
 
 import numpy as np
@@ -89,7 +90,8 @@ def test_keys_separate_tenants_models_versions_and_item_boundaries() -> None:
 def server(**extra: object) -> cfg.ServerConfig:
     model = cfg.ModelConfig(name="synth", runtime="synthetic", options={"base_ms": 0.0})
     other = cfg.ModelConfig(name="other", runtime="synthetic", options={"base_ms": 0.0})
-    return cfg.validate(cfg.ServerConfig(models=(model, other), **extra))  # type: ignore[arg-type]
+    return cfg.validate(cfg.ServerConfig(models=(model, other),  # type: ignore[arg-type]
+                                         cache_dir=tempfile.mkdtemp(), **extra))
 
 
 @pytest.fixture
