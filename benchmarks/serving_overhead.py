@@ -35,6 +35,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from sokuji.bench.engine import parse_server_timing as parse_timing
+
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "sokuji" / "bench" / "data"
 BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
@@ -189,10 +191,6 @@ batching = "{batching}"
 def v2_body(text: str) -> bytes:
     return json.dumps({"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1],
                                    "data": [text]}]}).encode()
-
-
-def parse_timing(header: str) -> dict[str, float]:
-    return {p.split(";dur=")[0].strip(): float(p.split(";dur=")[1]) for p in header.split(",")}
 
 
 class C1Client:

@@ -8,6 +8,7 @@ JSON schema ``sokuji.bench/1`` (stable; additions only within a version)::
      "summary": {mode, window_s, throughput_rps, offered_rps,
                  requests: {sent, ok, errors: {kind: n}, error_rate, warmup_excluded},
                  latency_ms: {count, mean, min, p50, p90, p95, p99, p99_9, max} | null,
+                 error_latency_ms: {kind: (same as latency_ms)},
                  ttft_ms, itl_ms, tpot_ms (streaming targets), output_tokens_per_s,
                  stages: {mean_ms, tail_mean_ms, mean_share, tail_share, ...} | null,
                  client: {cpu_s, wall_s, cpu_fraction, lag_ms?, behind_schedule?}},

@@ -86,6 +86,10 @@ def summarize(run: RunResult, *, streaming: bool = False) -> dict[str, Any]:
             max(r.intended_s for r in measured) - start, 1e-9) if len(measured) > 1 else 0.0
     latency = latency_summary([r.latency_s for r in ok])
     out["latency_ms"] = latency
+    # How fast errors come back matters too: a 429 should take a millisecond, not a timeout.
+    out["error_latency_ms"] = {kind: latency_summary([r.latency_s for r in measured
+                                                      if r.error == kind])
+                               for kind in errors}
     if streaming:
         out["ttft_ms"] = latency_summary([r.ttft_s for r in ok if r.ttft_s is not None])
         out["itl_ms"] = latency_summary([x for r in ok for x in r.itl_s])

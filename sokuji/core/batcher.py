@@ -27,8 +27,10 @@ Contracts:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
+import os
 import queue
 import threading
 import time
@@ -57,6 +59,8 @@ class BatcherConfig:
     max_concurrency: int = 0
     """Requests admitted (queued or running) at once; 0: bounded by the queue depth only."""
     priority_aging_ms: float = 1000.0
+    worker_nice: int = 5
+    """Niceness added to the worker threads (Linux), so the event loop wins the CPU."""
 
 
 @dataclass(frozen=True)
@@ -124,7 +128,9 @@ class DynamicBatcher:
         queued = sum(e.request.num_items for e in self._queue)
         return max(1, math.ceil(queued / rate)) if rate > 0 else 1
 
-    def _admit(self, request: InferenceRequest, now_ns: int) -> None:
+    def check_capacity(self) -> None:
+        """Raise ``Overloaded`` if a request arriving now would be refused: callable before
+        the request is even read, so a refusal costs next to nothing."""
         cfg = self.config
         if len(self._queue) >= cfg.max_queue_depth:
             raise Overloaded(f"model '{self.name}' has {len(self._queue)} requests queued "
@@ -134,6 +140,10 @@ class DynamicBatcher:
             raise Overloaded(f"model '{self.name}' has {self._admitted} requests in flight "
                              f"(max_concurrency {cfg.max_concurrency})",
                              retry_after_s=self._retry_after_s())
+
+    def _admit(self, request: InferenceRequest, now_ns: int) -> None:
+        cfg = self.config
+        self.check_capacity()
         if request.deadline_ns is None:
             return
         left_ms = (request.deadline_ns - now_ns) / 1e6
@@ -299,6 +309,12 @@ class DynamicBatcher:
 
     def _work(self) -> None:
         """Worker thread: run batches, post results back to the event loop."""
+        if self.config.worker_nice and hasattr(os, "setpriority"):
+            # The event loop needs little CPU but gates every reply and every refusal: when
+            # both want the core, it goes first. The worker still gets every idle moment.
+            with contextlib.suppress(OSError):
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(),
+                               os.getpriority(os.PRIO_PROCESS, 0) + self.config.worker_nice)
         while (batch := self._jobs.get()) is not None:
             loop = batch[0].future.get_loop()
             try:

@@ -33,8 +33,10 @@ from sokuji.core.request import InferenceRequest, Stage, Timeline
 from sokuji.errors import (
     BadRequest,
     ConfigError,
+    DeadlineExceeded,
     InvalidInput,
     MethodNotAllowed,
+    ModelNotReady,
     SokujiError,
 )
 from sokuji.models.repository import Model, ModelRepository
@@ -104,6 +106,7 @@ class Inference:
                        tl: Timeline, tenant: Tenant) -> tuple[str, bytes, Headers]:
         model = self.repo.get_ready(params["model_name"], params.get("version"))
         tenant.check_model(model.name)
+        model.batcher.check_capacity()  # refuse before reading the body
         header_len = headers.get(v2.HEADER_LENGTH)
         check_content_type(headers, binary_ok=header_len is not None)
         body = await read_body(receive, headers, self.config.max_request_bytes)
@@ -207,8 +210,8 @@ class SokujiApp:
         except ClientGone:
             return None
         except SokujiError as exc:
-            if exc.status >= 500:
-                log.error("%s %s: %s", method, path, exc.message)
+            if exc.status >= 500 and not isinstance(exc, (DeadlineExceeded, ModelNotReady)):
+                log.error("%s %s: %s", method, path, exc.message)  # load shedding is not
             model = params.get("model_name", "")
             if model in self.inference.repo.models:
                 self.metrics.requests.labels(model, str(exc.status)).inc()

@@ -1,0 +1,167 @@
+"""Overload: offered load at 3x measured capacity against the built-in model. Nothing may
+break; rejections must be fast; memory must stay flat. And the cache: how fast is a hit?
+
+    .venv/bin/python benchmarks/overload.py [--seconds 60]     (~2.5 minutes)
+
+1. Capacity: ``sokuji bench`` closed loop (c=64) on the mixed dataset -> C req/s.
+2. Overload: open loop, Poisson arrivals at 3 x C for --seconds, against the same server
+   (max_queue_depth 64, cache off: the dataset repeats). Reported: 5xx count (target 0), p99
+   of admitted requests against --slo-ms, p99 time to a 429 (target <= 5 ms), resident
+   memory of the server before and after (target flat).
+3. Cache: a server with the cache on; one text asked 300 times at concurrency 1 over a lean
+   raw-socket client; the p50 of the hits, end to end on loopback (target <= 1 ms).
+Server on core 1, clients on core 0. Writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from serving_overhead import C1Client, Server, free_port, v2_body  # noqa: E402
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def bench(url: str, args: list[str], core: int) -> dict[str, Any]:
+    out = Path(tempfile.mkstemp(suffix=".json")[1])
+    subprocess.run(["taskset", "-c", str(core), sys.executable, "-m", "sokuji", "bench", url,
+                    "--quiet", "--dataset", "mixed", "--out", str(out), *args], cwd=ROOT)
+    doc = json.loads(out.read_text())
+    out.unlink()
+    return dict(doc["summary"])
+
+
+def server(args: argparse.Namespace, cache: bool) -> Server:
+    port = free_port()
+    return Server(args, [sys.executable, "-m", "sokuji", "serve"], port, config=f"""
+port = {port}
+cache_dir = "{args.cache_dir}"
+log_level = "warning"
+[jobs]
+enabled = false
+[[models]]
+name = "minilm"
+cache = {str(cache).lower()}
+intra_op_threads = 1
+max_batch_size = 32
+max_queue_depth = {args.queue_depth}
+""")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seconds", type=float, default=60.0)
+    p.add_argument("--factor", type=float, default=3.0)
+    p.add_argument("--queue-depth", type=int, default=64)
+    p.add_argument("--slo-ms", type=float, default=2000.0, help="p99 SLO for admitted")
+    p.add_argument("--timeout-ms", type=float, default=0.0,
+                   help="deadline per request in the overload phase (X-Sokuji-Timeout-Ms; 0: "
+                        "none); requests that cannot start in time get a fast 504")
+    p.add_argument("--server-core", type=int, default=1)
+    p.add_argument("--client-core", type=int, default=0)
+    p.add_argument("--cache-dir", default=str(ROOT / ".cache" / "sokuji"))
+    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "overload.json"))
+    args = p.parse_args()
+    report: dict[str, Any] = {"benchmark": "overload",
+                              "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                              "settings": vars(args)}
+    with server(args, cache=False) as srv:
+        url = f"http://127.0.0.1:{srv.port}"
+        assert srv.proc is not None
+        # Closed loop just inside the queue bound: a full batch running, a full queue waiting.
+        probe_c = args.queue_depth + 32
+        cap = bench(url, ["--concurrency", str(probe_c), "--duration", "20", "--warmup", "5s"],
+                    args.client_core)
+        capacity = cap["throughput_rps"]
+        print(f"capacity (closed loop, c={probe_c}, mixed): {capacity:.1f} req/s", flush=True)
+        rss_before = rss_mb(srv.proc.pid)
+        rate = args.factor * capacity
+        print(f"overload: open loop, Poisson, {rate:.1f} req/s for {args.seconds:.0f} s ...",
+              flush=True)
+        samples: list[tuple[float, float]] = []
+        stop = threading.Event()
+        pid, t0 = srv.proc.pid, time.monotonic()
+
+        def sample() -> None:
+            while not stop.wait(2.0):
+                samples.append((round(time.monotonic() - t0, 1), rss_mb(pid)))
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        deadline = ["--header", f"x-sokuji-timeout-ms:{args.timeout_ms}"] \
+            if args.timeout_ms > 0 else []
+        over = bench(url, ["--rate", f"{rate:.2f}", "--duration", str(args.seconds),
+                           "--warmup", "5s", "--slo", f"p99={args.slo_ms}ms", "--timeout",
+                           "30", *deadline], args.client_core)
+        stop.set()
+        sampler.join()
+        rss_after = rss_mb(srv.proc.pid)
+    errors = over["requests"]["errors"]
+    rejected = (over.get("error_latency_ms") or {}).get("http_429") or {}
+    expired = (over.get("error_latency_ms") or {}).get("http_504") or {}
+    report["capacity_rps"] = capacity
+    report["overload"] = {
+        "offered_rps": over.get("offered_rps"), "admitted_rps": over.get("throughput_rps"),
+        "sent": over["requests"]["sent"], "errors": errors,
+        "count_5xx": sum(n for k, n in errors.items() if k.startswith("http_5")),
+        "count_other_failures": sum(n for k, n in errors.items()
+                                    if not k.startswith("http_")),
+        "admitted_latency_ms": over["latency_ms"], "rejected_latency_ms": rejected,
+        "deadline_504_latency_ms": expired,
+        "slo_p99_ms": args.slo_ms, "client": over["client"],
+        "rss_mb_before": rss_before, "rss_mb_after": rss_after, "rss_mb_timeline": samples}
+
+    with server(args, cache=True) as srv:
+        client = C1Client(srv.port, [v2_body("how do I reset the password on my router")])
+        lat, stages = client.run(300)  # the first one (untimed, in run) was the miss
+        notes = [s for s in stages]
+    report["cache_hit"] = {"p50_ms": statistics.median(lat),
+                           "p99_ms": sorted(lat)[int(0.99 * len(lat))],
+                           "server_total_p50_ms": statistics.median(s["total"] for s in notes)}
+
+    o = report["overload"]
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2, default=float))
+    print(f"\noffered {o['offered_rps']:.1f} req/s ({args.factor:g}x capacity "
+          f"{capacity:.1f}); admitted {o['admitted_rps']:.1f} req/s; sent {o['sent']}")
+    print(f"errors by kind: {errors}")
+    print(f"5xx: {o['count_5xx']} (target 0); timeouts/connection errors: "
+          f"{o['count_other_failures']}")
+    lat = o["admitted_latency_ms"]
+    print(f"admitted p50 {lat['p50']:.0f} ms, p99 {lat['p99']:.0f} ms (SLO {args.slo_ms:.0f})")
+    if rejected:
+        print(f"time to a 429: p50 {rejected['p50']:.2f} ms, p99 {rejected['p99']:.2f} ms "
+              "(target p99 <= 5 ms)")
+    if expired:
+        print(f"time to a 504 (deadline): p50 {expired['p50']:.0f} ms, p99 {expired['p99']:.0f} ms")
+    print(f"server RSS: {o['rss_mb_before']:.0f} MB before, {o['rss_mb_after']:.0f} MB after")
+    timeline = o["rss_mb_timeline"]
+    if len(timeline) >= 4:
+        third = len(timeline) // 3
+        print(f"  over the run (MB): first third max {max(m for _, m in timeline[:third]):.0f},"
+              f" last third max {max(m for _, m in timeline[-third:]):.0f}")
+    ch = report["cache_hit"]
+    print(f"cache hit end to end: p50 {ch['p50_ms']:.3f} ms, p99 {ch['p99_ms']:.3f} ms "
+          f"(server total p50 {ch['server_total_p50_ms']:.3f} ms; target p50 <= 1 ms)")
+    print(f"raw JSON: {out}")
+
+
+if __name__ == "__main__":
+    main()
