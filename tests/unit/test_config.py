@@ -67,6 +67,14 @@ def test_config_file_from_environment(tmp_path: Path) -> None:
     ("port = 70000\n", "port", "70000"),
     ("log_level = 'loud'\n", "log_level", "'loud'"),
     ("colour = 'blue'\n", "colour", "'blue'"),
+    ("[cache]\nbackend = 'memcached'\n", "cache.backend", "'memcached'"),
+    ("[cache]\nttl = 5\n", "cache.ttl", "5"),
+    ("[jobs]\nconcurrency = 0\n", "jobs.concurrency", "0"),
+    ("shutdown_grace_s = -1\n", "shutdown_grace_s", "-1.0"),
+    ('[[api_keys]]\nkey = "0123456789"\ntenant = "t"\nmodels = ["nope"]\n',
+     "api_keys[0].models", "'nope'"),
+    ('[[models]]\nname="m"\nruntime="synthetic"\nmax_queue_depth=0\n',
+     "models[0].max_queue_depth", "0"),
 ])
 def test_invalid_values_name_the_key_and_value(tmp_path: Path, text: str, key: str,
                                                value: str) -> None:
@@ -85,3 +93,23 @@ def test_missing_and_malformed_files(tmp_path: Path) -> None:
         cfg.load(tmp_path / "absent.toml", env={})
     with pytest.raises(ConfigError, match="not valid TOML"):
         cfg.load(write(tmp_path, "port = = 1"), env={})
+
+
+def test_cache_jobs_and_keys_tables(tmp_path: Path) -> None:
+    path = write(tmp_path, """
+[cache]
+backend = "redis"
+redis_url = "redis://cache:6379/1"
+[jobs]
+concurrency = 4
+[[api_keys]]
+key = "0123456789abcdef"
+tenant = "acme"
+models = ["minilm"]
+priority = "batch"
+""")
+    config = cfg.load(path, env={})
+    assert config.cache.backend == "redis" and config.jobs.concurrency == 4
+    assert config.jobs_path.endswith("jobs.sqlite")
+    (key,) = config.api_keys
+    assert (key.tenant, key.models, key.priority) == ("acme", ("minilm",), "batch")
