@@ -96,6 +96,9 @@ class CacheConfig:
 @dataclass(frozen=True)
 class JobsConfig:
     enabled: bool = True
+    backend: str = "sqlite"
+    """sqlite (one server) | redis (replicas share their jobs)"""
+    redis_url: str = "redis://127.0.0.1:6379/0"
     path: str = ""
     """SQLite file; default: <cache_dir>/jobs.sqlite"""
     concurrency: int = 16
@@ -306,6 +309,8 @@ def validate(config: ServerConfig) -> ServerConfig:
         for name in k.models:
             if name not in seen:
                 raise ConfigError.for_key(f"api_keys[{i}].models", name, "no such model")
+    if config.jobs.backend not in ("sqlite", "redis"):
+        raise ConfigError.for_key("jobs.backend", config.jobs.backend, "must be sqlite or redis")
     if config.jobs.concurrency < 1:
         raise ConfigError.for_key("jobs.concurrency", config.jobs.concurrency,
                                   "must be at least 1")
@@ -343,7 +348,8 @@ def load(path: str | Path | None = None, env: Mapping[str, str] | None = None,
         values["cache"] = _cache(raw["cache"])
     if "jobs" in raw:
         values["jobs"] = _table("jobs", raw["jobs"], JobsConfig,
-                                {"enabled": bool, "path": str, "concurrency": int})
+                                {"enabled": bool, "backend": str, "redis_url": str,
+                                 "path": str, "concurrency": int})
     for key, kind in _SERVER_SCALARS.items():
         env_value = env.get(f"{ENV_PREFIX}{key.upper()}")
         if env_value is not None:

@@ -320,6 +320,18 @@ def build_cache(config: ServerConfig, metrics: Metrics) -> ResponseCache | None:
     return ResponseCache(backend, on_result=metrics.cache_result)
 
 
+def _job_store(config: ServerConfig) -> Any:
+    from sokuji.core import jobs
+
+    if config.jobs.backend == "redis":
+        try:
+            return jobs.RedisJobStore(config.jobs.redis_url)
+        except Exception as exc:  # any connection error: stop start-up, say why
+            raise ConfigError.for_key("jobs.redis_url", config.jobs.redis_url,
+                                      f"cannot reach Redis: {exc}") from exc
+    return jobs.JobStore(config.jobs_path)
+
+
 def create_app(config: ServerConfig, repo: ModelRepository,
                metrics: Metrics | None = None) -> SokujiApp:
     """The ASGI app over an already-loaded repository; batchers start with the lifespan."""
@@ -331,9 +343,7 @@ def create_app(config: ServerConfig, repo: ModelRepository,
     inference = Inference(config, repo, metrics, cache)
     jobs = None
     if config.jobs.enabled:
-        from sokuji.core.jobs import JobStore
-
-        jobs = JobService(JobStore(config.jobs_path), inference.auth, config.max_request_bytes,
+        jobs = JobService(_job_store(config), inference.auth, config.max_request_bytes,
                           config.jobs.concurrency)
 
     @asynccontextmanager

@@ -25,7 +25,7 @@ from typing import Any
 
 from starlette.types import Receive
 
-from sokuji.core.jobs import Job, JobStatus, JobStore
+from sokuji.core.jobs import Job, JobStatus, JobStore, RedisJobStore
 from sokuji.errors import InvalidInput, MethodNotAllowed, NotFound
 from sokuji.server.auth import Authenticator, Tenant
 from sokuji.server.http import Headers, Reply, json_reply, read_body
@@ -42,7 +42,8 @@ CheckModel = Callable[[str, bytes, Tenant], None]
 
 
 class JobService:
-    def __init__(self, store: JobStore, auth: Authenticator, max_request_bytes: int,
+    def __init__(self, store: JobStore | RedisJobStore, auth: Authenticator,
+                 max_request_bytes: int,
                  concurrency: int) -> None:
         self.store = store
         self.auth = auth
