@@ -26,6 +26,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
+from _harness import sokuji_bench  # noqa: E402
 from serving_overhead import Server, free_port  # noqa: E402
 
 BODY = json.dumps({"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1],
@@ -46,15 +47,6 @@ def wrk(url: str, concurrency: int, seconds: float, core: int) -> dict[str, floa
     scale = {"us": 1e-3, "ms": 1.0, "s": 1e3}
     return {"requests_per_s": rps,
             "p50_ms": float(p50.group(1)) * scale[p50.group(2)] if p50 else float("nan")}
-
-
-def bench(url: str, args: list[str], core: int) -> dict[str, Any]:
-    out = Path(tempfile.mkstemp(suffix=".json")[1])
-    subprocess.run(["taskset", "-c", str(core), sys.executable, "-m", "sokuji", "bench", url,
-                    "--quiet", "--out", str(out), *args], check=True, cwd=ROOT)
-    summary = json.loads(out.read_text())["summary"]
-    out.unlink()
-    return summary
 
 
 def main() -> None:
@@ -91,7 +83,7 @@ options = {{base_ms = 2.0, per_item_ms = 0.25}}
         for i in range(args.rounds):
             w = wrk(url + "/v2/models/minilm/infer", args.concurrency, args.seconds,
                     args.client_core)
-            s = bench(url, ["--concurrency", str(args.concurrency), "--duration",
+            s = sokuji_bench(url, ["--concurrency", str(args.concurrency), "--duration",
                             str(args.seconds), "--warmup", "1s", "--dataset", "short"],
                       args.client_core)
             report["rounds"].append({"wrk": w, "sokuji_bench": {
@@ -106,9 +98,9 @@ options = {{base_ms = 2.0, per_item_ms = 0.25}}
     bare = Server.bare_http(args)
     with bare:
         base = f"http://127.0.0.1:{bare.port}"
-        c1 = bench(base, ["--concurrency", "1", "--duration", "5", "--warmup", "1s"],
+        c1 = sokuji_bench(base, ["--concurrency", "1", "--duration", "5", "--warmup", "1s"],
                    args.client_core)
-        c16 = bench(base, ["--concurrency", "16", "--duration", "5", "--warmup", "1s"],
+        c16 = sokuji_bench(base, ["--concurrency", "16", "--duration", "5", "--warmup", "1s"],
                     args.client_core)
     report["client"] = {"c1_p50_ms": c1["latency_ms"]["p50"],
                         "c1_requests_per_s": c1["throughput_rps"],

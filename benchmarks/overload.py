@@ -18,9 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -28,6 +26,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
+from _harness import sokuji_bench  # noqa: E402
 from serving_overhead import C1Client, Server, free_port, v2_body  # noqa: E402
 
 
@@ -36,15 +35,6 @@ def rss_mb(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return float("nan")
-
-
-def bench(url: str, args: list[str], core: int) -> dict[str, Any]:
-    out = Path(tempfile.mkstemp(suffix=".json")[1])
-    subprocess.run(["taskset", "-c", str(core), sys.executable, "-m", "sokuji", "bench", url,
-                    "--quiet", "--dataset", "mixed", "--out", str(out), *args], cwd=ROOT)
-    doc = json.loads(out.read_text())
-    out.unlink()
-    return dict(doc["summary"])
 
 
 def server(args: argparse.Namespace, cache: bool) -> Server:
@@ -87,8 +77,8 @@ def main() -> None:
         assert srv.proc is not None
         # Closed loop just inside the queue bound: a full batch running, a full queue waiting.
         probe_c = args.queue_depth + 32
-        cap = bench(url, ["--concurrency", str(probe_c), "--duration", "20", "--warmup", "5s"],
-                    args.client_core)
+        cap = sokuji_bench(url, ["--dataset", "mixed", "--concurrency", str(probe_c),
+                                 "--duration", "20", "--warmup", "5s"], args.client_core)
         capacity = cap["throughput_rps"]
         print(f"capacity (closed loop, c={probe_c}, mixed): {capacity:.1f} req/s", flush=True)
         rss_before = rss_mb(srv.proc.pid)
@@ -106,9 +96,10 @@ def main() -> None:
         sampler.start()
         deadline = ["--header", f"x-sokuji-timeout-ms:{args.timeout_ms}"] \
             if args.timeout_ms > 0 else []
-        over = bench(url, ["--rate", f"{rate:.2f}", "--duration", str(args.seconds),
-                           "--warmup", "5s", "--slo", f"p99={args.slo_ms}ms", "--timeout",
-                           "30", *deadline], args.client_core)
+        over = sokuji_bench(url, ["--dataset", "mixed", "--rate", f"{rate:.2f}", "--duration",
+                                  str(args.seconds), "--warmup", "5s", "--slo",
+                                  f"p99={args.slo_ms}ms", "--timeout", "30", *deadline],
+                            args.client_core)
         stop.set()
         sampler.join()
         rss_after = rss_mb(srv.proc.pid)
