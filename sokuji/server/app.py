@@ -172,7 +172,8 @@ class SokujiApp:
         t0 = time.perf_counter_ns()
         path, method = scope["path"], scope["method"]
         is_job = self.jobs is not None and path.startswith(JOBS_PREFIX)
-        if not is_job and self.route(path) is None:
+        route = None if is_job else self.route(path)
+        if not is_job and route is None:
             await self.control_plane(scope, receive, send)
             return
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
@@ -184,7 +185,7 @@ class SokujiApp:
             reply = await self.guard(method, path, {},
                                      self.jobs.submit(method, path, headers, receive))
         else:
-            reply = await self.respond(method, path, headers, receive, t0)
+            reply = await self.respond(method, path, headers, receive, t0, route=route)
         if reply is not None:
             await reply.send(send)
 
@@ -222,10 +223,11 @@ class SokujiApp:
                                f"internal error: {type(exc).__name__}")
 
     async def respond(self, method: str, path: str, headers: Headers, receive: Receive,
-                      t0: int, tenant: Tenant | None = None) -> Reply | None:
+                      t0: int, tenant: Tenant | None = None,
+                      route: tuple[Endpoint, dict[str, str]] | None = None) -> Reply | None:
         """The inference path as a function: the reply, or None if the client went away.
         ``tenant`` is given for work already authorised (jobs); else the headers decide."""
-        route = self.route(path)
+        route = route or self.route(path)
         assert route is not None
         endpoint, params = route
         tl = Timeline(t0)
