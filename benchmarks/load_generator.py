@@ -26,8 +26,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from _harness import sokuji_bench  # noqa: E402
-from serving_overhead import Server, free_port  # noqa: E402
+from _harness import Server, free_port, sokuji_bench  # noqa: E402
 
 BODY = json.dumps({"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1],
                                "data": ["how do I reset the password on my router"]}]})

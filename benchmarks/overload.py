@@ -26,8 +26,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from _harness import sokuji_bench  # noqa: E402
-from serving_overhead import C1Client, Server, free_port, v2_body  # noqa: E402
+from _harness import C1Client, Server, free_port, sokuji_bench, v2_body  # noqa: E402
 
 
 def rss_mb(pid: int) -> float:
