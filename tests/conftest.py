@@ -41,7 +41,8 @@ def synth() -> Iterator[TestClient]:
 
 @pytest.fixture(scope="session")
 def minilm_config() -> cfg.ServerConfig:
-    return cfg.validate(cfg.ServerConfig(cache_dir=str(CACHE_DIR)))
+    return cfg.validate(cfg.ServerConfig(models=(cfg.ModelConfig(name="minilm"),),
+                                         cache_dir=str(CACHE_DIR)))
 
 
 @pytest.fixture(scope="session")

@@ -10,11 +10,15 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
 
 from sokuji.config import DEFAULT_MODEL_NAME, ModelConfig, ServerConfig
 from sokuji.core.batcher import BatcherConfig, BatchInfo, DynamicBatcher
-from sokuji.errors import ModelNotFound, ModelNotReady
+from sokuji.errors import InvalidInput, ModelNotFound, ModelNotReady
 from sokuji.runtimes.base import ModelMetadata, Runtime
+
+if TYPE_CHECKING:
+    from sokuji.llm.engine import GenerationEngine
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +47,35 @@ def _build_synthetic(model: ModelConfig, server: ServerConfig) -> Runtime:
     return SyntheticRuntime(model.options)
 
 
+def _build_llama(model: ModelConfig, server: ServerConfig) -> Runtime:
+    from sokuji.llm.runtime import LlamaRuntime
+
+    return LlamaRuntime(model.name, model.path, model.options, server.cache_dir,
+                        model.max_queue_depth, model.priority_aging_ms)
+
+
 RUNTIME_BUILDERS: dict[str, Callable[[ModelConfig, ServerConfig], Runtime]] = {
     "onnx": _build_onnx,
     "synthetic": _build_synthetic,
+    "llama": _build_llama,
 }
+
+
+class Scheduler(Protocol):
+    """What the repository and metrics need of a model's queue: a DynamicBatcher (encoders)
+    or a GenerationEngine (LLMs)."""
+
+    @property
+    def running(self) -> bool: ...
+
+    @property
+    def num_waiting(self) -> int: ...
+
+    def check_capacity(self) -> None: ...
+
+    def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
 
 
 @dataclass
@@ -54,8 +83,30 @@ class Model:
     config: ModelConfig
     runtime: Runtime
     metadata: ModelMetadata
-    batcher: DynamicBatcher
+    batcher: DynamicBatcher | None = None
+    engine: GenerationEngine | None = None
     ready: bool = False
+
+    @property
+    def scheduler(self) -> Scheduler:
+        queue = self.engine if self.engine is not None else self.batcher
+        assert queue is not None
+        return queue
+
+    def embedder(self) -> DynamicBatcher:
+        """The batcher of an encoder model; 400 for a generative one."""
+        if self.batcher is None:
+            raise InvalidInput(f"model '{self.name}' generates text: use "
+                               "/v1/chat/completions or /v1/completions", param="model")
+        return self.batcher
+
+    def generator(self) -> GenerationEngine:
+        """The engine of a generative model; 400 for an encoder."""
+        if self.engine is None:
+            raise InvalidInput(f"model '{self.name}' does not generate text (it is an "
+                               "encoder: use /v1/embeddings or /v2/models/"
+                               f"{self.name}/infer)", param="model")
+        return self.engine
 
     @property
     def name(self) -> str:
@@ -83,6 +134,11 @@ class ModelRepository:
             runtime.load()
             if mc.warmup:
                 runtime.warmup()
+            engine = getattr(runtime, "engine", None)
+            if engine is not None:
+                repo.models[mc.name] = Model(mc, runtime, runtime.describe(), engine=engine)
+                log.info("model %s loaded (runtime %s)", mc.name, mc.runtime)
+                continue
             batcher = DynamicBatcher(
                 mc.name, runtime.run_batch,
                 BatcherConfig(max_batch_size=mc.max_batch_size,
@@ -93,13 +149,13 @@ class ModelRepository:
                               max_concurrency=mc.max_concurrency,
                               priority_aging_ms=mc.priority_aging_ms),
                 on_batch=on_batch(mc.name) if on_batch else None)
-            repo.models[mc.name] = Model(mc, runtime, runtime.describe(), batcher)
+            repo.models[mc.name] = Model(mc, runtime, runtime.describe(), batcher=batcher)
             log.info("model %s loaded (runtime %s)", mc.name, mc.runtime)
         return repo
 
     def start(self) -> None:
         for model in self.models.values():
-            model.batcher.start()
+            model.scheduler.start()
             model.ready = True
 
     def mark_unready(self) -> None:
@@ -111,7 +167,7 @@ class ModelRepository:
     async def stop(self) -> None:
         for model in self.models.values():
             model.ready = False
-        await asyncio.gather(*(m.batcher.stop() for m in self.models.values()))
+        await asyncio.gather(*(m.scheduler.stop() for m in self.models.values()))
         for model in self.models.values():
             model.runtime.close()
 
@@ -127,7 +183,7 @@ class ModelRepository:
 
     def get_ready(self, name: str, version: str | None = None) -> Model:
         model = self.get(name, version)
-        if not model.ready and not (self.draining and model.batcher.running):
+        if not model.ready and not (self.draining and model.scheduler.running):
             raise ModelNotReady(f"model '{name}' is not ready")
         return model
 

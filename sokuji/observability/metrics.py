@@ -9,17 +9,22 @@ and scraping both run on the event loop thread.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import HistogramMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 from sokuji.core.batcher import BatchInfo
 from sokuji.core.request import STAGES, Timeline
+
+if TYPE_CHECKING:
+    from sokuji.llm.engine import GenerationEngine
+    from sokuji.llm.request import Timing
 
 LATENCY_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                      0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -119,6 +124,7 @@ class Metrics:
             "sokuji_cache_requests", "Response-cache lookups by result (hit, miss, coalesced, "
             "bypass).", ["model", "result"], registry=r)
         self._ok: dict[str, Callable[[], None]] = {}
+        self.llm = GenerationMetrics(r)
 
     def add_model(self, name: str, queue: _Queue) -> None:
         self._timings[name] = TimingHistograms()
@@ -147,5 +153,108 @@ class Metrics:
         else:
             self.requests.labels(model, str(status)).inc()
 
+    def observe_generation(self, model: str, timing: Timing, completion_tokens: int,
+                           status: int) -> None:
+        self.requests.labels(model, str(status)).inc()
+        self.llm.observe(model, timing, completion_tokens, status == 200)
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+ITL_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15,
+                 0.2, 0.3, 0.5, 1.0, 2.5)
+TTFT_BUCKETS_S = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0,
+                  7.5, 10.0, 20.0, 40.0)
+E2E_BUCKETS_S = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 60.0, 120.0)
+
+
+class _EngineCollector(Collector):
+    """Counters the engine thread keeps as plain integers, read at scrape time."""
+
+    def __init__(self, engines: dict[str, GenerationEngine]) -> None:
+        self.engines = engines
+
+    def collect(self) -> Iterator[Metric]:
+        steps = CounterMetricFamily("sokuji_llm_decode_steps",
+                                    "llama_decode calls (one batch each).", labels=["model"])
+        rows = CounterMetricFamily("sokuji_llm_decode_sequences",
+                                   "Sequences sampled, summed over decode steps (divide by "
+                                   "steps: the mean batch).", labels=["model"])
+        evictions = CounterMetricFamily("sokuji_llm_prefix_cache_evictions",
+                                        "Prefix-cache entries evicted for room.",
+                                        labels=["model"])
+        for name, engine in self.engines.items():
+            steps.add_metric([name], engine.steps)
+            rows.add_metric([name], engine.rows)
+            evictions.add_metric([name], engine.prefix_cache.evictions)
+        yield steps
+        yield rows
+        yield evictions
+
+
+class GenerationMetrics:
+    """Generation metrics in the spirit of vLLM's (``vllm:time_to_first_token_seconds`` ...),
+    observed once per finished request on the event loop (not on the engine thread)."""
+
+    def __init__(self, r: CollectorRegistry) -> None:
+        self.ttft = Histogram("sokuji_llm_time_to_first_token_seconds",
+                              "Arrival to first generated token.", ["model"],
+                              buckets=TTFT_BUCKETS_S, registry=r)
+        self.itl = Histogram("sokuji_llm_inter_token_latency_seconds",
+                             "Time between consecutive generated tokens.", ["model"],
+                             buckets=ITL_BUCKETS_S, registry=r)
+        self.e2e = Histogram("sokuji_llm_e2e_request_latency_seconds",
+                             "Arrival to last token.", ["model"], buckets=E2E_BUCKETS_S,
+                             registry=r)
+        self.queue = Histogram("sokuji_llm_queue_time_seconds",
+                               "Waiting for a sequence slot.", ["model"],
+                               buckets=LATENCY_BUCKETS_S, registry=r)
+        self.prefill = Histogram("sokuji_llm_prefill_time_seconds",
+                                 "Slot given to first token (prompt processing).", ["model"],
+                                 buckets=TTFT_BUCKETS_S, registry=r)
+        self.prompt_tokens = Counter("sokuji_llm_prompt_tokens", "Prompt tokens received.",
+                                     ["model"], registry=r)
+        self.generation_tokens = Counter("sokuji_llm_generation_tokens",
+                                         "Tokens generated.", ["model"], registry=r)
+        self.prefix_hits = Counter("sokuji_llm_prefix_cache_hits",
+                                   "Requests whose prompt prefix came from the prefix cache.",
+                                   ["model"], registry=r)
+        self.prefix_misses = Counter("sokuji_llm_prefix_cache_misses",
+                                     "Requests that looked up the prefix cache and missed.",
+                                     ["model"], registry=r)
+        self.prefix_reused = Counter("sokuji_llm_prefix_cache_reused_tokens",
+                                     "Prompt tokens not prefilled thanks to the prefix cache.",
+                                     ["model"], registry=r)
+        self.running = Gauge("sokuji_llm_running_sequences", "Sequences being generated.",
+                             ["model"], registry=r)
+        self.cache_bytes = Gauge("sokuji_llm_prefix_cache_bytes",
+                                 "Host memory held by the prefix cache.", ["model"], registry=r)
+
+        self.engines: dict[str, GenerationEngine] = {}
+        r.register(_EngineCollector(self.engines))
+
+    def add_engine(self, name: str, engine: GenerationEngine) -> None:
+        self.engines[name] = engine
+        self.running.labels(name).set_function(lambda: float(engine.num_running))
+        self.cache_bytes.labels(name).set_function(lambda: float(engine.prefix_cache.bytes))
+
+    def observe(self, model: str, t: Timing, completion_tokens: int, ok: bool) -> None:
+        self.prompt_tokens.labels(model).inc(t.prompt_tokens)
+        self.generation_tokens.labels(model).inc(completion_tokens)
+        if t.prefix_lookup == "hit":
+            self.prefix_hits.labels(model).inc()
+            self.prefix_reused.labels(model).inc(t.reused_tokens)
+        elif t.prefix_lookup == "miss":
+            self.prefix_misses.labels(model).inc()
+        if t.admitted_ns:
+            self.queue.labels(model).observe((t.admitted_ns - t.submitted_ns) / 1e9)
+        if not ok or not t.first_token_ns:
+            return
+        self.ttft.labels(model).observe((t.first_token_ns - t.arrival_ns) / 1e9)
+        self.prefill.labels(model).observe((t.first_token_ns - t.admitted_ns) / 1e9)
+        self.e2e.labels(model).observe((t.end_ns - t.arrival_ns) / 1e9)
+        itl = self.itl.labels(model)
+        stamps = t.token_ns
+        for a, b in itertools.pairwise(stamps):
+            itl.observe((b - a) / 1e9)

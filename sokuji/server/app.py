@@ -41,7 +41,7 @@ from sokuji.errors import (
 )
 from sokuji.models.repository import Model, ModelRepository
 from sokuji.observability.metrics import CONTENT_TYPE, Metrics
-from sokuji.server import openai_api, scheduling, v2
+from sokuji.server import llm_api, openai_api, scheduling, v2
 from sokuji.server.auth import Authenticator, Tenant
 from sokuji.server.http import (
     JSON,
@@ -82,7 +82,7 @@ class Inference:
                 tl.mark(Stage.CACHE)
             prepared = model.runtime.preprocess(texts)
             tl.mark(Stage.PREPROCESS)
-            output = await model.batcher.submit(InferenceRequest(
+            output = await model.embedder().submit(InferenceRequest(
                 model=model.name, payload=prepared, num_items=prepared.num_items,
                 length=prepared.length, timeline=tl, request_id=request_id, priority=prio,
                 deadline_ns=deadline))
@@ -106,7 +106,7 @@ class Inference:
                        tl: Timeline, tenant: Tenant) -> tuple[str, bytes, Headers]:
         model = self.repo.get_ready(params["model_name"], params.get("version"))
         tenant.check_model(model.name)
-        model.batcher.check_capacity()  # refuse before reading the body
+        model.embedder().check_capacity()  # refuse before reading the body
         header_len = headers.get(v2.HEADER_LENGTH)
         check_content_type(headers, binary_ok=header_len is not None)
         body = await read_body(receive, headers, self.config.max_request_bytes)
@@ -150,6 +150,8 @@ class SokujiApp:
     def __init__(self, inference: Inference, control_plane: ASGIApp,
                  jobs: JobService | None = None) -> None:
         self.inference = inference
+        self.generation = llm_api.Generation(inference.config, inference.repo,
+                                             inference.metrics, inference.auth)
         self.control_plane = control_plane
         self.metrics = inference.metrics
         self.jobs = jobs
@@ -171,6 +173,10 @@ class SokujiApp:
             return
         t0 = time.perf_counter_ns()
         path, method = scope["path"], scope["method"]
+        if path in llm_api.PATHS:
+            headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+            await self.generation(path, method, headers, receive, send, t0)
+            return
         is_job = self.jobs is not None and path.startswith(JOBS_PREFIX)
         route = None if is_job else self.route(path)
         if not is_job and route is None:
@@ -339,7 +345,9 @@ def create_app(config: ServerConfig, repo: ModelRepository,
     """The ASGI app over an already-loaded repository; batchers start with the lifespan."""
     metrics = metrics or Metrics()
     for name, model in repo.models.items():
-        metrics.add_model(name, model.batcher)
+        metrics.add_model(name, model.scheduler)
+        if model.engine is not None:
+            metrics.llm.add_engine(name, model.engine)
     cp = ControlPlane(repo, metrics)
     cache = build_cache(config, metrics)
     inference = Inference(config, repo, metrics, cache)

@@ -17,7 +17,8 @@ def write(tmp_path: Path, text: str) -> Path:
 def test_defaults_serve_the_builtin_model() -> None:
     config = cfg.load(env={})
     assert config.port == 8000 and config.host == "127.0.0.1"
-    assert [m.name for m in config.models] == ["minilm"]
+    assert [m.name for m in config.models] == ["minilm", "smollm2"]
+    assert [m.runtime for m in config.models] == ["onnx", "llama"]
     assert config.models[0].batching is cfg.BatchPolicy.LENGTH
 
 

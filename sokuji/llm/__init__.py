@@ -1,0 +1,1 @@
+"""Generative models: llama.cpp under a continuous-batching engine."""

@@ -1,0 +1,282 @@
+"""Continuous batching over one llama.cpp context.
+
+One engine thread owns the context. Each step builds one ``llama_batch``:
+
+1. one token for every sequence that is decoding (the token sampled last step);
+2. then prompt tokens of sequences still prefilling, up to ``n_batch`` in all, or
+   ``prefill_chunk`` while others decode, so a long prompt never stalls their tokens for
+   long. A new request therefore joins between decode steps instead of waiting for the
+   others to finish;
+
+then one ``llama_decode``, then a sample for every sequence whose row has logits. A sequence
+that finishes (end of generation, ``max_tokens``, a stop string, cancellation, its deadline)
+frees its slot and its KV cells at once, and the best waiting request takes the slot in the
+same step: interactive before batch-class, batch-class aging into interactive after
+``priority_aging_ms``, oldest first. Requests wait in the engine's queue, bounded by
+``max_queue_depth`` (beyond it: 429 at once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from dataclasses import dataclass
+
+from sokuji.core.request import Priority
+from sokuji.errors import Overloaded
+from sokuji.llm.native import LlamaModel, Sampler
+from sokuji.llm.prefix_cache import PrefixCache
+from sokuji.llm.request import Delta, Finish, GenerationRequest, TextAssembler, now_ns
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    n_batch: int = 512
+    prefill_chunk: int = 128
+    max_queue_depth: int = 256
+    priority_aging_ms: float = 1000.0
+    prefix_cache_bytes: int = 256 * 1024 * 1024
+    prefix_cache_min_tokens: int = 16
+
+
+class _Seq:
+    __slots__ = ("assembler", "generated", "next_token", "pending", "pos", "req", "sampler",
+                 "slot", "store_prefix")
+
+    def __init__(self, req: GenerationRequest, slot: int) -> None:
+        self.req = req
+        self.slot = slot
+        p = req.params
+        self.sampler = Sampler(p.temperature, p.top_p, p.seed)
+        self.assembler = TextAssembler(p.stop)
+        self.pending: list[int] = list(req.prompt)
+        self.pos = 0
+        self.next_token: int | None = None
+        self.generated = 0
+        self.store_prefix = False
+
+
+class GenerationEngine:
+    def __init__(self, name: str, model: LlamaModel, config: EngineConfig) -> None:
+        self.name = name
+        self.model = model
+        self.config = config
+        self.prefix_cache = PrefixCache(config.prefix_cache_bytes,
+                                        config.prefix_cache_min_tokens)
+        self._cond = threading.Condition()
+        self._intake: list[GenerationRequest] = []
+        self._waiting: list[GenerationRequest] = []
+        self._active: list[_Seq] = []
+        self._free = list(range(model.shape.slots))
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self.steps = 0
+        """llama_decode calls; ``rows`` counts the sequences sampled in them."""
+        self.rows = 0
+
+    # -- event-loop side ------------------------------------------------------------------
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting) + len(self._intake)
+
+    @property
+    def num_running(self) -> int:
+        return len(self._active)
+
+    def check_capacity(self) -> None:
+        if self.num_waiting >= self.config.max_queue_depth:
+            raise Overloaded(f"model '{self.name}' has {self.num_waiting} generations "
+                             f"waiting (max_queue_depth {self.config.max_queue_depth}); "
+                             "retry later", retry_after_s=1)
+
+    def submit(self, req: GenerationRequest) -> None:
+        self.check_capacity()
+        with self._cond:
+            self._intake.append(req)
+            self._cond.notify()
+
+    def start(self) -> None:
+        if self.running:
+            return
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name=f"sokuji-llm-{self.name}",
+                                        daemon=True)
+        self._thread.start()
+
+    async def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join)
+            self._thread = None
+
+    def warmup(self) -> None:
+        """One short prefill and decode before serving (page in the weights)."""
+        tokens = self.model.tokenize("Hello", add_special=True) or [0]
+        self.model.decode([(t, i, 0, i == len(tokens) - 1) for i, t in enumerate(tokens)])
+        self.model.forget(0)
+
+    # -- engine thread --------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    while not (self._stopping or self._intake or self._active
+                               or self._waiting):
+                        self._cond.wait()
+                    if self._stopping:
+                        break
+                    if self._intake:
+                        self._waiting.extend(self._intake)
+                        self._intake = []
+                now = now_ns()
+                self._reap_waiting(now)
+                self._admit(now)
+                if self._active:
+                    self._step()
+                elif self._waiting:  # (cannot stay so: free slots were just filled)
+                    with self._cond:
+                        self._cond.wait(0.01)
+        except Exception:  # the engine must never die silently: fail everyone, say why
+            log.exception("generation engine %s failed", self.name)
+            self._fail_all("internal error in the generation engine")
+            raise
+        self._fail_all("the server is shutting down")
+
+    def _fail_all(self, why: str) -> None:
+        with self._cond:
+            waiting = self._waiting + self._intake
+            self._waiting, self._intake = [], []
+        for req in waiting:
+            req.push(Finish("error", 0, why))
+        for seq in list(self._active):
+            self._finish(seq, "error", why)
+
+    def _reap_waiting(self, now: int) -> None:
+        keep = []
+        for req in self._waiting:
+            if req.cancelled:
+                req.push(Finish("cancelled", 0))
+            elif req.deadline_ns is not None and now >= req.deadline_ns:
+                req.push(Finish("deadline", 0, "deadline passed while queued"))
+            else:
+                keep.append(req)
+        self._waiting = keep
+
+    def _rank(self, req: GenerationRequest, now: int) -> tuple[int, int]:
+        prio = req.priority
+        aging_ns = self.config.priority_aging_ms * 1e6
+        if prio > Priority.INTERACTIVE and aging_ns > 0 and now - req.timing.arrival_ns > aging_ns:
+            prio = Priority.INTERACTIVE
+        return int(prio), req.timing.arrival_ns
+
+    def _admit(self, now: int) -> None:
+        while self._free and self._waiting:
+            req = min(self._waiting, key=lambda r: self._rank(r, now))
+            self._waiting.remove(req)
+            seq = _Seq(req, self._free.pop(0))
+            req.timing.admitted_ns = now_ns()
+            cache = self.prefix_cache
+            if cache.max_bytes > 0:
+                match = cache.lookup(req.prompt)
+                if match.state is not None and self.model.load_state(seq.slot, match.state):
+                    self.model.forget(seq.slot, match.tokens)
+                    seq.pos = match.tokens
+                    seq.pending = seq.pending[match.tokens:]
+                    req.timing.reused_tokens = match.tokens
+                    req.timing.prefix_lookup = "hit"
+                else:
+                    req.timing.prefix_lookup = "miss"
+                seq.store_prefix = cache.wants(req.prompt)
+            self._active.append(seq)
+
+    def _step(self) -> None:
+        entries: list[tuple[int, int, int, bool]] = []
+        rows: list[tuple[_Seq, int]] = []
+        now = now_ns()
+        for seq in list(self._active):
+            req = seq.req
+            if req.cancelled:
+                self._finish(seq, "cancelled")
+            elif req.deadline_ns is not None and now >= req.deadline_ns:
+                self._finish(seq, "deadline", "deadline passed during generation")
+            elif seq.next_token is not None:
+                entries.append((seq.next_token, seq.pos, seq.slot, True))
+                rows.append((seq, len(entries) - 1))
+                seq.pos += 1
+                seq.next_token = None
+        budget = self.config.n_batch - len(entries)
+        if entries:
+            budget = min(budget, self.config.prefill_chunk)
+        prefilled: list[_Seq] = []
+        for seq in self._active:
+            if budget <= 0:
+                break
+            if not seq.pending:
+                continue
+            take = seq.pending[:budget]
+            seq.pending = seq.pending[len(take):]
+            for tok in take:
+                entries.append((tok, seq.pos, seq.slot, False))
+                seq.pos += 1
+            budget -= len(take)
+            if not seq.pending:
+                entries[-1] = (*entries[-1][:3], True)
+                rows.append((seq, len(entries) - 1))
+                prefilled.append(seq)
+        if not entries:
+            return
+        rc = self.model.decode(entries)
+        self.steps += 1
+        self.rows += len(rows)
+        if rc != 0:
+            log.error("llama_decode returned %d for a batch of %d tokens", rc, len(entries))
+            for seq, _ in rows:
+                self._finish(seq, "error", f"llama_decode failed ({rc})")
+            return
+        for seq in prefilled:
+            if seq.store_prefix:
+                self.prefix_cache.store(seq.req.prompt, self.model.save_state(seq.slot))
+        for seq, index in rows:
+            self._take_token(seq, seq.sampler.sample(self.model, index))
+
+    def _take_token(self, seq: _Seq, token: int) -> None:
+        req, t = seq.req, now_ns()
+        timing = req.timing
+        if not timing.first_token_ns:
+            timing.first_token_ns = t
+        timing.token_ns.append(t)
+        if self.model.is_eog(token):
+            self._finish(seq, "stop")
+            return
+        seq.generated += 1
+        text = seq.assembler.add(self.model.piece(token))
+        if text:
+            req.push(Delta(text, seq.generated))
+        if seq.assembler.stopped:
+            self._finish(seq, "stop")
+        elif seq.generated >= req.params.max_tokens:
+            self._finish(seq, "length")
+        else:
+            seq.next_token = token
+
+    def _finish(self, seq: _Seq, reason: str, error: str = "") -> None:
+        req = seq.req
+        if reason in ("stop", "length"):
+            tail = seq.assembler.flush()
+            if tail:
+                req.push(Delta(tail, seq.generated))
+        req.timing.end_ns = now_ns()
+        req.push(Finish(reason, seq.generated, error))
+        self._active.remove(seq)
+        self.model.forget(seq.slot)
+        seq.sampler.close()
+        self._free.append(seq.slot)

