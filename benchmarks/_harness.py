@@ -47,8 +47,9 @@ class Server:
     """A server process pinned to the server core; ready once its health check answers."""
 
     def __init__(self, args: argparse.Namespace, command: list[str], port: int,
-                 config: str | None = None) -> None:
+                 config: str | None = None, ready_path: str = "/v2/health/ready") -> None:
         self.port = port
+        self.ready_path = ready_path
         self.command = ["taskset", "-c", str(args.server_core), *command]
         self.cfg: Path | None = None
         if config is not None:
@@ -85,7 +86,7 @@ batching = "{batching}"
         while time.monotonic() < deadline:
             try:
                 conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=1)
-                conn.request("GET", "/v2/health/ready")
+                conn.request("GET", self.ready_path)
                 if conn.getresponse().status == 200:
                     return self
             except OSError:

@@ -76,6 +76,8 @@ class GenerationEngine:
         self.steps = 0
         """llama_decode calls; ``rows`` counts the sequences sampled in them."""
         self.rows = 0
+        self.moves = 0
+        """Sequences moved down to keep the busy slots consecutive."""
 
     # -- event-loop side ------------------------------------------------------------------
     @property
@@ -139,6 +141,8 @@ class GenerationEngine:
                         self._intake = []
                 now = now_ns()
                 self._reap_waiting(now)
+                self._reap_active(now)
+                self._compact()
                 self._admit(now)
                 if self._active:
                     self._step()
@@ -178,11 +182,41 @@ class GenerationEngine:
             prio = Priority.INTERACTIVE
         return int(prio), req.timing.arrival_ns
 
+    def _reap_active(self, now: int) -> None:
+        for seq in list(self._active):
+            req = seq.req
+            if req.cancelled:
+                self._finish(seq, "cancelled")
+            elif req.deadline_ns is not None and now >= req.deadline_ns:
+                self._finish(seq, "deadline", "deadline passed during generation")
+
+    def _compact(self) -> None:
+        """Keep the busy slots at the bottom (0..n-1). With one KV stream per sequence,
+        llama.cpp computes a batch in one pass only over consecutive streams; a gap or a
+        jumble split it into several passes (8 sequences: 36 ms a step in order, 75 with
+        gaps, 103 shuffled, measured). A sequence above a free slot moves down: its KV
+        state is copied (~1 ms for 200 tokens) -- the same bytes, so the same output."""
+        while self._active and self._free:
+            top = max(self._active, key=lambda q: q.slot)
+            low = min(self._free)
+            if low > top.slot:
+                return
+            if top.pos > 0 and not self.model.load_state(low, self.model.save_state(top.slot)):
+                log.error("could not move a sequence from slot %d to %d", top.slot, low)
+                return
+            self.model.forget(top.slot)
+            self._free.remove(low)
+            self._free.append(top.slot)
+            top.slot = low
+            self.moves += 1
+
     def _admit(self, now: int) -> None:
         while self._free and self._waiting:
             req = min(self._waiting, key=lambda r: self._rank(r, now))
             self._waiting.remove(req)
-            seq = _Seq(req, self._free.pop(0))
+            slot = min(self._free)
+            self._free.remove(slot)
+            seq = _Seq(req, slot)
             req.timing.admitted_ns = now_ns()
             cache = self.prefix_cache
             if cache.max_bytes > 0:
@@ -201,14 +235,9 @@ class GenerationEngine:
     def _step(self) -> None:
         entries: list[tuple[int, int, int, bool]] = []
         rows: list[tuple[_Seq, int]] = []
-        now = now_ns()
-        for seq in list(self._active):
-            req = seq.req
-            if req.cancelled:
-                self._finish(seq, "cancelled")
-            elif req.deadline_ns is not None and now >= req.deadline_ns:
-                self._finish(seq, "deadline", "deadline passed during generation")
-            elif seq.next_token is not None:
+        self._active.sort(key=lambda q: q.slot)  # llama.cpp wants streams in order
+        for seq in self._active:
+            if seq.next_token is not None:
                 entries.append((seq.next_token, seq.pos, seq.slot, True))
                 rows.append((seq, len(entries) - 1))
                 seq.pos += 1
@@ -242,11 +271,17 @@ class GenerationEngine:
             for seq, _ in rows:
                 self._finish(seq, "error", f"llama_decode failed ({rc})")
             return
-        for seq in prefilled:
-            if seq.store_prefix:
-                self.prefix_cache.store(seq.req.prompt, self.model.save_state(seq.slot))
         for seq, index in rows:
             self._take_token(seq, seq.sampler.sample(self.model, index))
+        for seq in prefilled:  # after the first tokens went out: off their TTFT
+            if seq.store_prefix and seq in self._active:
+                self._store_prefix(seq)
+
+    def _store_prefix(self, seq: _Seq) -> None:
+        """Keep the KV state of the prompt alone (cells from the first generated token on
+        are not yet written: that token is fed in the next step)."""
+        self.prefix_cache.store(seq.req.prompt, self.model.save_state(seq.slot))
+        seq.store_prefix = False
 
     def _take_token(self, seq: _Seq, token: int) -> None:
         req, t = seq.req, now_ns()
@@ -277,6 +312,9 @@ class GenerationEngine:
         req.timing.end_ns = now_ns()
         req.push(Finish(reason, seq.generated, error))
         self._active.remove(seq)
+        if seq.store_prefix and not seq.pending and reason in ("stop", "length"):
+            self.model.forget(seq.slot, len(req.prompt))  # (finished in its first step)
+            self._store_prefix(seq)
         self.model.forget(seq.slot)
         seq.sampler.close()
         self._free.append(seq.slot)

@@ -80,7 +80,7 @@ def _quiet() -> None:
 
     @L.llama_log_callback
     def sink(level: int, text: bytes, user_data: Any) -> None:
-        if level in (2, 3) and text:  # GGML_LOG_LEVEL_WARN, _ERROR
+        if level in (3, 4) and text:  # GGML_LOG_LEVEL_WARN, _ERROR
             log.warning("llama.cpp: %s", text.decode("utf-8", "replace").rstrip())
 
     _log_sink = sink

@@ -9,10 +9,11 @@ Options (``[models.options]``), all optional:
   tokens per step while other sequences decode;
 - ``max_prompt_tokens`` (0: ``context_size`` - 1), ``max_new_tokens`` (1024);
 - ``prefix_cache_mb`` (256; 0 turns the prefix cache off), ``prefix_cache_min_tokens`` (16);
-- ``requantize`` ("" or "q8_0"): serve a requantized copy, made once into the cache dir. The
-  built-in ``smollm2`` defaults to "q8_0": its Q4_1 weights have no fast kernel on these
-  CPUs, the Q8_0 copy prefills ~1.8x faster and batches better, and gives the same greedy
-  text on our tests;
+- ``requantize`` ("" or "q8_0"): serve a requantized copy, made once into the cache dir.
+  Off by default: SmolLM2's Q4_1 gets no fast batched kernel on these CPUs, and a Q8_0 copy
+  prefills ~1.5x faster and batches better, but its greedy text differs from the shipped
+  file's after a few dozen tokens on most prompts (rounding, not quality: measured in
+  BENCHMARKS.md). Output is not traded for speed without the user asking;
 - ``chat_template``: a Jinja template to use instead of the GGUF's own;
 - ``flash_attn`` (true): llama.cpp's fused attention; ~25% more tokens/s at 8 sequences here.
   It changes the arithmetic slightly: greedy text equals llama.cpp's own only with the same
@@ -51,9 +52,9 @@ class LlamaOptions:
     flash_attn: bool = True
 
     @classmethod
-    def parse(cls, raw: Mapping[str, Any], prefix: str, builtin: bool) -> LlamaOptions:
+    def parse(cls, raw: Mapping[str, Any], prefix: str) -> LlamaOptions:
         kinds = {f.name: f.type for f in fields(cls)}
-        values: dict[str, Any] = {"requantize": "q8_0"} if builtin else {}
+        values: dict[str, Any] = {}
         for key, value in raw.items():
             if key not in kinds:
                 raise ConfigError.for_key(f"{prefix}.{key}", value, "unknown option for runtime "
@@ -100,7 +101,7 @@ class LlamaRuntime:
         from sokuji.llm import native
 
         builtin = path is None and name == SMOLLM2
-        self.options = LlamaOptions.parse(options, f"models['{name}'].options", builtin)
+        self.options = LlamaOptions.parse(options, f"models['{name}'].options")
         if path is None and not builtin:
             raise ConfigError.for_key(f"models['{name}'].path", None,
                                       "a llama model other than the built-in smollm2 needs a "

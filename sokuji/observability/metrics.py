@@ -184,13 +184,18 @@ class _EngineCollector(Collector):
         evictions = CounterMetricFamily("sokuji_llm_prefix_cache_evictions",
                                         "Prefix-cache entries evicted for room.",
                                         labels=["model"])
+        moves = CounterMetricFamily("sokuji_llm_sequence_moves",
+                                    "Sequences moved to a lower slot (KV state copied) to keep "
+                                    "busy slots consecutive.", labels=["model"])
         for name, engine in self.engines.items():
+            moves.add_metric([name], engine.moves)
             steps.add_metric([name], engine.steps)
             rows.add_metric([name], engine.rows)
             evictions.add_metric([name], engine.prefix_cache.evictions)
         yield steps
         yield rows
         yield evictions
+        yield moves
 
 
 class GenerationMetrics:

@@ -139,12 +139,13 @@ def test_completion_prompt_forms() -> None:
         llm_codec.decode(orjson.dumps({"model": "m", "prompt": "x", "echo": True}), False)
 
 
-def test_llama_options_validate_and_builtin_requantizes() -> None:
-    assert LlamaOptions.parse({}, "o", builtin=True).requantize == "q8_0"
-    assert LlamaOptions.parse({}, "o", builtin=False).requantize == ""
-    opts = LlamaOptions.parse({"context_size": 512, "max_prompt_tokens": 0}, "o", False)
+def test_llama_options_validate() -> None:
+    assert LlamaOptions.parse({}, "o").requantize == ""  # served as shipped unless asked
+    assert LlamaOptions.parse({"requantize": "q8_0", "flash_attn": False}, "o").flash_attn \
+        is False
+    opts = LlamaOptions.parse({"context_size": 512, "max_prompt_tokens": 0}, "o")
     assert opts.prompt_limit == 511
     for bad in ({"slots": 0}, {"nope": 1}, {"requantize": "q2"}, {"threads": "2"},
                 {"slots": 100}):
         with pytest.raises(ConfigError):
-            LlamaOptions.parse(bad, "o", builtin=False)
+            LlamaOptions.parse(bad, "o")
