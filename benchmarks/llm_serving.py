@@ -56,9 +56,13 @@ FILLER = ("The bakery opens at seven, sells sourdough, rye and croissants, takes
 
 
 def prompt(nonce: int, topic: str, system: str = SYSTEM) -> str:
-    """A fresh prompt: the number comes first, so no cache can reuse any of it."""
-    return (f"<|im_start|>system\nSession {nonce}. {system}<|im_end|>\n<|im_start|>user\n"
-            f"Write a long story about {topic}.<|im_end|>\n<|im_start|>assistant\n")
+    """A fresh prompt: it starts with the number's digits reversed, so consecutive prompts
+    differ from their first token and no cache can reuse any of it (llama_cpp.server and the
+    direct ``Llama`` reuse whatever prefix the previous prompt shares; Sokuji's prefix
+    cache, 16 tokens or more from any earlier prompt)."""
+    return (f"{str(nonce)[::-1]} <|im_start|>system\n{system}<|im_end|>\n"
+            f"<|im_start|>user\nWrite a long story about {topic}.<|im_end|>\n"
+            "<|im_start|>assistant\n")
 
 
 def chat_prompt(nonce: int, topic: str) -> str:
@@ -201,7 +205,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
         b.plot(levels, [result["load"][str(n)][name]["ttft_p50_ms"] for n in levels],
                marker="o", label=name)
     a.axhline(1e3 / result["idle"]["direct"]["itl_p50_ms"], ls="--", c="grey",
-              label="direct, 1 stream")
+              label="direct, 1 stream, decode only")
     a.set(xlabel="concurrent streams", ylabel="output tokens/s", title="Aggregate throughput")
     b.set(xlabel="concurrent streams", ylabel="ms", yscale="log", title="TTFT p50 under load")
     for ax in (a, b):

@@ -24,7 +24,7 @@ import threading
 from dataclasses import dataclass
 
 from sokuji.core.request import Priority
-from sokuji.errors import Overloaded
+from sokuji.errors import ModelNotReady, Overloaded
 from sokuji.llm.native import LlamaModel, Sampler
 from sokuji.llm.prefix_cache import PrefixCache
 from sokuji.llm.request import Delta, Finish, GenerationRequest, TextAssembler, now_ns
@@ -99,6 +99,8 @@ class GenerationEngine:
                              "retry later", retry_after_s=1)
 
     def submit(self, req: GenerationRequest) -> None:
+        if not self.running:
+            raise ModelNotReady(f"model '{self.name}': its generation engine is not running")
         self.check_capacity()
         with self._cond:
             self._intake.append(req)

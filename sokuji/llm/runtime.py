@@ -78,6 +78,10 @@ class LlamaOptions:
                                       'must be "" (as shipped) or "q8_0"')
         if opts.slots > 64:
             raise ConfigError.for_key(f"{prefix}.slots", opts.slots, "must be at most 64")
+        if opts.n_batch < opts.slots:
+            raise ConfigError.for_key(f"{prefix}.n_batch", opts.n_batch,
+                                      f"must be at least slots ({opts.slots}): every step "
+                                      "carries one token of each sequence")
         return opts
 
     @property

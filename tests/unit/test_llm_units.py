@@ -146,6 +146,6 @@ def test_llama_options_validate() -> None:
     opts = LlamaOptions.parse({"context_size": 512, "max_prompt_tokens": 0}, "o")
     assert opts.prompt_limit == 511
     for bad in ({"slots": 0}, {"nope": 1}, {"requantize": "q2"}, {"threads": "2"},
-                {"slots": 100}):
+                {"slots": 100}, {"slots": 8, "n_batch": 4}):
         with pytest.raises(ConfigError):
             LlamaOptions.parse(bad, "o")
