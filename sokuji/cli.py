@@ -5,6 +5,7 @@
   sokuji models [--config FILE]               list the configured models
   sokuji bench URL (--concurrency N | --rate R) [...]   load generator (sokuji bench -h)
   sokuji bench compare A.json B.json [--threshold 10%]
+  sokuji optimize MODEL [...]                 variants measured, gated and recorded
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ def _parser() -> argparse.ArgumentParser:
     models = sub.add_parser("models", help="list the configured models")
     models.add_argument("--config")
     sub.add_parser("bench", help="load generator: sokuji bench -h", add_help=False)
+    sub.add_parser("optimize", help="build, measure and gate model variants: sokuji "
+                   "optimize -h", add_help=False)
     return p
 
 
@@ -88,6 +91,10 @@ def _serve(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["optimize"]:
+        from sokuji.optimize.cli import main as main_optimize
+
+        return main_optimize(argv[1:])
     if argv[:1] == ["bench"]:
         from sokuji.bench.runner import main_bench  # a client: never imports the server
 

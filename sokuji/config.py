@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import enum
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
@@ -69,6 +70,9 @@ class ModelConfig:
     """Cache this model's responses (the server-wide [cache] must be enabled too)."""
     options: Mapping[str, Any] = field(default_factory=dict)
     """Runtime-specific options, validated by the runtime at load."""
+    variant: str = "fp32"
+    """ONNX models: which file serves: fp32 (the original), auto (the variant `sokuji
+    optimize` recommended), or a variant's name (int8, ...)."""
 
 
 @dataclass(frozen=True)
@@ -178,7 +182,7 @@ _MODEL_KINDS: dict[str, type] = {
     "max_batch_size": int, "max_batch_tokens": int, "max_queue_delay_ms": float,
     "batching": str, "instances": int, "intra_op_threads": int, "max_sequence_length": int,
     "warmup": bool, "max_queue_depth": int, "max_concurrency": int,
-    "default_timeout_ms": float, "priority_aging_ms": float, "cache": bool,
+    "default_timeout_ms": float, "priority_aging_ms": float, "cache": bool, "variant": str,
 }
 RUNTIMES = ("onnx", "synthetic", "llama")
 
@@ -235,6 +239,11 @@ def _validate_model(index: int, m: ModelConfig) -> None:
     if m.runtime == "onnx" and m.path is None and m.name != DEFAULT_MODEL_NAME:
         raise ConfigError.for_key(f"{prefix}.path", None,
                                   "an onnx model other than the built-in minilm needs a path")
+    if m.variant != "fp32" and m.runtime != "onnx":
+        raise ConfigError.for_key(f"{prefix}.variant", m.variant, "variants are for onnx models")
+    if m.variant != "auto" and not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,31}", m.variant):
+        raise ConfigError.for_key(f"{prefix}.variant", m.variant,
+                                  "must be auto, fp32 or a variant name (int8, ...)")
     if m.path is not None and m.runtime in ("onnx", "llama") and not Path(m.path).is_file():
         raise ConfigError.for_key(f"{prefix}.path", m.path, "no such file")
 

@@ -44,19 +44,27 @@ def max_sequence_length() -> int:
     return int(json.loads(cfg.read_text())["max_seq_length"])
 
 
-def onnx_path(cache_dir: str | Path) -> Path:
-    weights = package_model_dir() / "model.safetensors"
-    tag = f"v{EXPORT_VERSION}-opset{OPSET}-{weights.stat().st_size}"
-    return Path(cache_dir) / "models" / "minilm" / tag / "model.onnx"
+def onnx_path(cache_dir: str | Path, source: Path | None = None) -> Path:
+    """Where the export of ``source`` (a Hugging Face encoder directory; default: the
+    built-in model) lives in the cache."""
+    model_dir = source or package_model_dir()
+    weights = sorted(model_dir.glob("*.safetensors")) or sorted(model_dir.glob("*.bin"))
+    size = sum(w.stat().st_size for w in weights)
+    tag = f"v{EXPORT_VERSION}-opset{OPSET}-{size}"
+    name = "minilm" if source is None else model_dir.resolve().name
+    return Path(cache_dir) / "models" / name / tag / "model.onnx"
 
 
-def ensure_onnx(cache_dir: str | Path) -> Path:
-    """Return the cached ONNX file, exporting it in a child process if it is missing."""
-    target = onnx_path(cache_dir)
+def ensure_onnx(cache_dir: str | Path, source: Path | None = None) -> Path:
+    """Return the cached ONNX file, exporting it in a child process if it is missing.
+    ``source``: any Hugging Face encoder directory (mean pooling + L2, as the built-in)."""
+    target = onnx_path(cache_dir, source)
     if target.is_file():
         return target
-    log.info("exporting minilm to %s (once; torch is imported in a child process)", target)
-    proc = subprocess.run([sys.executable, "-m", "sokuji.models.minilm", str(target)],
+    log.info("exporting %s to %s (once; torch is imported in a child process)",
+             source or "minilm", target)
+    extra = [str(source)] if source is not None else []
+    proc = subprocess.run([sys.executable, "-m", "sokuji.models.minilm", str(target), *extra],
                           capture_output=True, text=True, check=False)
     if proc.returncode != 0 or not target.is_file():
         raise ConfigError.for_key("models.minilm", str(target),
@@ -64,8 +72,8 @@ def ensure_onnx(cache_dir: str | Path) -> Path:
     return target
 
 
-def export(target: Path) -> None:
-    """Export the packaged model to ``target`` (written atomically)."""
+def export(target: Path, model_dir: Path | None = None) -> None:
+    """Export the packaged model (or ``model_dir``) to ``target`` (written atomically)."""
     import torch
     from transformers import AutoModel
 
@@ -82,7 +90,8 @@ def export(target: Path) -> None:
             mean = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
             return torch.nn.functional.normalize(mean, p=2, dim=1)
 
-    bert = AutoModel.from_pretrained(str(package_model_dir()), attn_implementation="eager")
+    bert = AutoModel.from_pretrained(str(model_dir or package_model_dir()),
+                                     attn_implementation="eager")
     model = Encoder(bert).eval()
     ids = torch.ones((2, 8), dtype=torch.int64)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -101,4 +110,4 @@ def export(target: Path) -> None:
 
 if __name__ == "__main__":
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    export(Path(sys.argv[1]))
+    export(Path(sys.argv[1]), Path(sys.argv[2]) if len(sys.argv) > 2 else None)

@@ -10,11 +10,13 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from sokuji.config import DEFAULT_MODEL_NAME, ModelConfig, ServerConfig
 from sokuji.core.batcher import BatcherConfig, BatchInfo, DynamicBatcher
 from sokuji.errors import InvalidInput, ModelNotFound, ModelNotReady
+from sokuji.models import variants
 from sokuji.runtimes.base import ModelMetadata, Runtime
 
 if TYPE_CHECKING:
@@ -23,21 +25,17 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def _build_onnx(model: ModelConfig, server: ServerConfig) -> Runtime:
+def _build_onnx(model: ModelConfig, server: ServerConfig, path: Path | None = None) -> Runtime:
+    from sokuji.models import minilm
     from sokuji.runtimes.onnx import OnnxEncoderRuntime
 
+    path = path or variants.base_path(model, server)
     if model.path is None and model.name == DEFAULT_MODEL_NAME:
-        from sokuji.models import minilm
-
         return OnnxEncoderRuntime(
-            minilm.ensure_onnx(server.cache_dir), minilm.tokenizer_path(),
-            intra_op_threads=model.intra_op_threads,
+            path, minilm.tokenizer_path(), intra_op_threads=model.intra_op_threads,
             max_sequence_length=min(model.max_sequence_length, minilm.max_sequence_length()))
-    assert model.path is not None  # config validation guarantees it
-    from sokuji.models import minilm as default_tokenizer
-
-    tokenizer = model.tokenizer or str(default_tokenizer.tokenizer_path())
-    return OnnxEncoderRuntime(model.path, tokenizer, intra_op_threads=model.intra_op_threads,
+    tokenizer = model.tokenizer or str(minilm.tokenizer_path())
+    return OnnxEncoderRuntime(path, tokenizer, intra_op_threads=model.intra_op_threads,
                               max_sequence_length=model.max_sequence_length)
 
 
@@ -86,6 +84,26 @@ class Model:
     batcher: DynamicBatcher | None = None
     engine: GenerationEngine | None = None
     ready: bool = False
+    variant: str = ""
+    """The ONNX variant this serves (fp32, int8, ...); empty for other runtimes."""
+    primary: bool = True
+    """False for the other variants, addressed as V2 versions."""
+    variants: dict[str, Model] = field(default_factory=dict)
+    """The primary's other servable variants, by name."""
+
+    @property
+    def served_version(self) -> str:
+        """The version responses name: the variant's, once a model has several (they are
+        its versions); else the configured one."""
+        return self.variant if self.variant and (self.variants or not self.primary) \
+            else self.version
+
+    @property
+    def metric_name(self) -> str:
+        return self.name if self.primary else f"{self.name}@{self.variant}"
+
+    def all(self) -> list[Model]:
+        return [self, *self.variants.values()]
 
     @property
     def scheduler(self) -> Scheduler:
@@ -130,6 +148,9 @@ class ModelRepository:
         """Build, load and warm every configured model (blocking; call before serving)."""
         repo = cls()
         for mc in config.models:
+            if mc.runtime == "onnx":
+                repo.models[mc.name] = _load_onnx(mc, config, on_batch)
+                continue
             runtime = RUNTIME_BUILDERS[mc.runtime](mc, config)
             runtime.load()
             if mc.warmup:
@@ -139,36 +160,30 @@ class ModelRepository:
                 repo.models[mc.name] = Model(mc, runtime, runtime.describe(), engine=engine)
                 log.info("model %s loaded (runtime %s)", mc.name, mc.runtime)
                 continue
-            batcher = DynamicBatcher(
-                mc.name, runtime.run_batch,
-                BatcherConfig(max_batch_size=mc.max_batch_size,
-                              max_batch_tokens=mc.max_batch_tokens,
-                              max_queue_delay_ms=mc.max_queue_delay_ms,
-                              policy=mc.batching, instances=mc.instances,
-                              max_queue_depth=mc.max_queue_depth,
-                              max_concurrency=mc.max_concurrency,
-                              priority_aging_ms=mc.priority_aging_ms),
-                on_batch=on_batch(mc.name) if on_batch else None)
-            repo.models[mc.name] = Model(mc, runtime, runtime.describe(), batcher=batcher)
+            repo.models[mc.name] = _batched(mc, runtime, on_batch, mc.name)
             log.info("model %s loaded (runtime %s)", mc.name, mc.runtime)
         return repo
 
+    def every(self) -> list[Model]:
+        """Every loaded model, other variants included."""
+        return [m for model in self.models.values() for m in model.all()]
+
     def start(self) -> None:
-        for model in self.models.values():
+        for model in self.every():
             model.scheduler.start()
             model.ready = True
 
     def mark_unready(self) -> None:
         """Readiness turns false (shutdown begins); requests are still served."""
-        for model in self.models.values():
+        for model in self.every():
             model.ready = False
         self.draining = True
 
     async def stop(self) -> None:
-        for model in self.models.values():
+        for model in self.every():
             model.ready = False
-        await asyncio.gather(*(m.scheduler.stop() for m in self.models.values()))
-        for model in self.models.values():
+        await asyncio.gather(*(m.scheduler.stop() for m in self.every()))
+        for model in self.every():
             model.runtime.close()
 
     def get(self, name: str, version: str | None = None) -> Model:
@@ -176,9 +191,12 @@ class ModelRepository:
         if model is None:
             raise ModelNotFound(f"unknown model '{name}'; available: "
                                 f"{', '.join(sorted(self.models)) or 'none'}", param="model")
-        if version not in (None, "", model.version):
+        if version in model.variants:
+            return model.variants[version]
+        if version not in (None, "", model.version, model.variant or model.version):
+            versions = [model.version, *(v for v in [model.variant] if v), *model.variants]
             raise ModelNotFound(f"model '{name}' has no version '{version}'; "
-                                f"available: {model.version}", param="version")
+                                f"available: {', '.join(versions)}", param="version")
         return model
 
     def get_ready(self, name: str, version: str | None = None) -> Model:
@@ -190,3 +208,38 @@ class ModelRepository:
     @property
     def ready(self) -> bool:
         return bool(self.models) and all(m.ready for m in self.models.values())
+
+
+def _batched(mc: ModelConfig, runtime: Runtime,
+             on_batch: Callable[[str], Callable[[BatchInfo], None]] | None,
+             metric_name: str) -> Model:
+    batcher = DynamicBatcher(
+        metric_name, runtime.run_batch,
+        BatcherConfig(max_batch_size=mc.max_batch_size, max_batch_tokens=mc.max_batch_tokens,
+                      max_queue_delay_ms=mc.max_queue_delay_ms, policy=mc.batching,
+                      instances=mc.instances, max_queue_depth=mc.max_queue_depth,
+                      max_concurrency=mc.max_concurrency,
+                      priority_aging_ms=mc.priority_aging_ms),
+        on_batch=on_batch(metric_name) if on_batch else None)
+    return Model(mc, runtime, runtime.describe(), batcher=batcher)
+
+
+def _load_onnx(mc: ModelConfig, server: ServerConfig,
+               on_batch: Callable[[str], Callable[[BatchInfo], None]] | None) -> Model:
+    """The served variant as the model, and every other servable variant beside it."""
+    served, files = variants.resolve(mc, server)
+    loaded: dict[str, Model] = {}
+    for name in (served, *sorted(set(files) - {served})):
+        runtime = _build_onnx(mc, server, files[name])
+        runtime.load()
+        if mc.warmup:
+            runtime.warmup()
+        metric_name = mc.name if name == served else f"{mc.name}@{name}"
+        model = _batched(mc, runtime, on_batch, metric_name)
+        model.variant, model.primary = name, name == served
+        loaded[name] = model
+        log.info("model %s loaded (onnx, variant %s%s)", mc.name, name,
+                 "" if name == served else ", as a version")
+    primary = loaded.pop(served)
+    primary.variants = loaded
+    return primary

@@ -124,6 +124,10 @@ class Metrics:
             "sokuji_cache_requests", "Response-cache lookups by result (hit, miss, coalesced, "
             "bypass).", ["model", "result"], registry=r)
         self._ok: dict[str, Callable[[], None]] = {}
+        self.variant = Gauge(
+            "sokuji_model_variant", "1 for the variant each model serves by default (others are "
+            "served as versions, under model=\"name@variant\").", ["model", "variant"],
+            registry=r)
         self.llm = GenerationMetrics(r)
 
     def add_model(self, name: str, queue: _Queue) -> None:

@@ -55,6 +55,7 @@ from sokuji.server.http import (
 from sokuji.server.jobs import JOBS_PREFIX, JobService
 
 log = logging.getLogger(__name__)
+VARIANT_HEADER = "x-sokuji-variant"
 
 
 class Inference:
@@ -80,6 +81,8 @@ class Inference:
         async def compute() -> Entry:
             if self.cache is not None and model.config.cache:
                 tl.mark(Stage.CACHE)
+            if model.variant:
+                tl.notes[Stage.INFER] = model.variant
             prepared = model.runtime.preprocess(texts)
             tl.mark(Stage.PREPROCESS)
             output = await model.embedder().submit(InferenceRequest(
@@ -93,7 +96,7 @@ class Inference:
             entry = await compute()
             return entry.output, entry.num_tokens
         control = headers.get("cache-control", "").lower()
-        key = cache_key(tenant.name, model.name, model.version, texts)
+        key = cache_key(tenant.name, model.name, f"{model.version}:{model.variant}", texts)
         entry, result = await self.cache.get_or_compute(
             model.name, key, compute, read="no-cache" not in control,
             store="no-store" not in control)
@@ -119,9 +122,11 @@ class Inference:
         tl.mark(Stage.DECODE)
         output, _ = await self._run(model, req.texts, tl, headers, req.parameters, tenant,
                                     req.request_id)
-        payload, out_headers = v2.encode_infer(model.name, model.version, req,
+        payload, out_headers = v2.encode_infer(model.name, model.served_version, req,
                                                [(model.metadata.outputs[0], output)])
-        return model.name, payload, out_headers
+        if model.variant:
+            out_headers[VARIANT_HEADER] = model.variant
+        return model.metric_name, payload, out_headers
 
     async def openai_embeddings(self, params: dict[str, str], headers: Headers,
                                 receive: Receive, tl: Timeline, tenant: Tenant
@@ -136,8 +141,11 @@ class Inference:
                                 model.metadata.outputs[0].shape[-1])
         tl.mark(Stage.DECODE)
         output, num_tokens = await self._run(model, req.texts, tl, headers, {}, tenant)
-        return model.name, openai_api.encode_embeddings(req, output, num_tokens), \
-            {"content-type": JSON}
+        out_headers = {"content-type": JSON}
+        if model.variant:
+            out_headers[VARIANT_HEADER] = model.variant
+        return model.metric_name, openai_api.encode_embeddings(req, output, num_tokens), \
+            out_headers
 
 
 Endpoint = Callable[[dict[str, str], Headers, Receive, Timeline, Tenant],
@@ -272,7 +280,7 @@ class ControlPlane:
     async def model_metadata(self, request: Request) -> Response:
         p = request.path_params
         model = self.repo.get(p["model_name"], p.get("version"))
-        return _json(v2.model_metadata(model.name, model.version, model.metadata))
+        return _json(v2.model_metadata(model.name, model.served_version, model.metadata))
 
     async def model_ready(self, request: Request) -> Response:
         p = request.path_params
@@ -344,8 +352,11 @@ def create_app(config: ServerConfig, repo: ModelRepository,
                metrics: Metrics | None = None) -> SokujiApp:
     """The ASGI app over an already-loaded repository; batchers start with the lifespan."""
     metrics = metrics or Metrics()
+    for model in repo.every():
+        metrics.add_model(model.metric_name, model.scheduler)
+        if model.variant and model.primary:
+            metrics.variant.labels(model.name, model.variant).set(1)
     for name, model in repo.models.items():
-        metrics.add_model(name, model.scheduler)
         if model.engine is not None:
             metrics.llm.add_engine(name, model.engine)
     cp = ControlPlane(repo, metrics)
