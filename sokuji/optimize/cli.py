@@ -153,7 +153,7 @@ def main(argv: Sequence[str]) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     args = parser().parse_args(argv)
-    logging.basicConfig(level="WARNING")
+    logging.basicConfig(level="ERROR")  # (ONNX Runtime's fusion passes are chatty)
     console = Console(stderr=True)
     try:
         opts = resolve(args)

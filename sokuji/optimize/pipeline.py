@@ -114,7 +114,7 @@ def run(opts: Options, progress: Callable[[str], None] = lambda _: None) -> dict
             else:
                 path = out / name / "model.onnx"
                 path.parent.mkdir(exist_ok=True)
-                recipe = _build(name, opts, out, path, shape)
+                recipe = _build(name, opts, out, path, shape, _int8_base(opts, out, entries))
             build_s = time.perf_counter() - t0
             progress(f"measure {name}")
             figures, emb, qemb = _measure(opts, path, texts, queries, work)
@@ -160,10 +160,19 @@ def run(opts: Options, progress: Callable[[str], None] = lambda _: None) -> dict
     return index
 
 
-def _build(name: str, opts: Options, out: Path, path: Path,
-           shape: variants.Shape | None) -> dict[str, Any]:
+def _int8_base(opts: Options, out: Path, entries: dict[str, dict[str, Any]]) -> Path:
+    """Quantize whichever of fp32 and opt measured faster (fusions can be slower here)."""
+    opt, fp32 = entries.get("opt"), entries.get("fp32")
+    if opt is None or fp32 is None or \
+            opt["figures"]["best_items_per_s"] <= fp32["figures"]["best_items_per_s"]:
+        return opts.model
+    return out / "opt" / "model.onnx"
+
+
+def _build(name: str, opts: Options, out: Path, path: Path, shape: variants.Shape | None,
+           int8_base: Path) -> dict[str, Any]:
     opt_path = out / "opt" / "model.onnx"
-    if name in ("fp16", "int8", "int8-mixed") and not opt_path.is_file():
+    if name == "fp16" and not opt_path.is_file():
         opt_path.parent.mkdir(exist_ok=True)
         variants.build_opt(opts.model, opt_path, shape)
     if name == "opt":
@@ -171,7 +180,8 @@ def _build(name: str, opts: Options, out: Path, path: Path,
     if name == "fp16":
         return variants.build_fp16(opt_path, path)
     if name in ("int8", "int8-mixed"):
-        return variants.build_int8(opt_path, path, mixed=name == "int8-mixed")
+        return variants.build_int8(int8_base, path, mixed=name == "int8-mixed",
+                                   origin="fp32" if int8_base == opts.model else "opt")
     if name == "int8-static":
         from sokuji.optimize.measure import Encoder
 

@@ -4,8 +4,9 @@
 - ``opt``: ONNX Runtime's transformer fusions (``onnxruntime.transformers.optimizer``:
   Attention, SkipLayerNormalization, BiasGelu, ...); FP32 arithmetic.
 - ``fp16``: ``opt`` with FP16 weights and arithmetic (inputs and outputs stay FP32).
-- ``int8``: dynamic quantization of ``opt``, INT8 per-channel weights on MatMul and Attention
-  (embedding tables stay FP32; per-tensor loses too much on MiniLM).
+- ``int8``: dynamic quantization, INT8 per-channel weights on MatMul and Attention (embedding
+  tables stay FP32; per-tensor loses too much on MiniLM), of ``opt`` if it measured faster
+  than ``fp32``, else of ``fp32`` (ONNX Runtime's own session-time fusions then apply).
 - ``int8-mixed``: ``int8`` with the FFN output projections (the MatMuls fed by GELU) and the
   attention output projections kept FP32. GELU's outputs have the widest range, and dynamic
   per-tensor activation quantization loses most there. Measured on MiniLM: recall@10
@@ -56,16 +57,29 @@ def detect_shape(model_path: Path, config_json: Path | None = None) -> Shape | N
             hidden = max(hidden, int(init.dims[1]))
     if not hidden:
         return None
-    consts = [numpy_helper.to_array(t) for t in model.graph.initializer if len(t.dims) == 1]
+    values = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer
+              if len(t.dims) <= 1}
     for node in model.graph.node:
         if node.op_type == "Constant":
             for attr in node.attribute:
-                if attr.name == "value" and len(attr.t.dims) == 1:
-                    consts.append(numpy_helper.to_array(attr.t))
-    for arr in consts:
-        if arr.dtype == np.int64 and arr.shape == (4,) and arr[2] > 0 and arr[3] > 0 \
-                and arr[2] * arr[3] == hidden:
-            return Shape(int(arr[2]), hidden)
+                if attr.name == "value" and len(attr.t.dims) <= 1:
+                    values[node.output[0]] = numpy_helper.to_array(attr.t)
+    shapes = [v for v in values.values() if v.shape == (4,)]
+    for node in model.graph.node:  # a Reshape target assembled as [batch, seq, heads, dim]
+        if node.op_type == "Concat" and len(node.input) == 4 \
+                and all(i in values for i in node.input[2:]):
+            shapes.append(np.asarray([0, 0, *(int(np.ravel(values[i])[0])
+                                              for i in node.input[2:])]))
+    for arr in shapes:
+        if arr.dtype.kind != "i":
+            continue
+        heads, dim = int(arr[2]), int(arr[3])
+        if heads == -1 and dim > 0 and hidden % dim == 0:  # [.., .., -1, head_dim]
+            heads = hidden // dim
+        if dim == -1 and heads > 0 and hidden % heads == 0:
+            dim = hidden // heads
+        if heads > 0 and dim > 0 and heads * dim == hidden:
+            return Shape(heads, hidden)
     return None
 
 
@@ -107,6 +121,12 @@ def sensitive_matmuls(path: Path) -> list[str]:
             node = producer.get(node.input[0])
         return node
 
+    weights = {t.name: tuple(t.dims) for t in graph.initializer}
+
+    def narrowing(node: Any) -> bool:  # [4h, h]: the FFN output projection, however GELU is
+        dims = weights.get(node.input[1]) if len(node.input) > 1 else None  # written
+        return dims is not None and len(dims) == 2 and dims[0] > dims[1]
+
     def sensitive(tensor: str) -> bool:
         node = origin(tensor)
         if node is None:
@@ -117,19 +137,22 @@ def sensitive_matmuls(path: Path) -> list[str]:
         src = origin(node.input[0]) if node.op_type == "MatMul" else None
         return src is not None and src.op_type == "Softmax"
 
-    return [n.name for n in graph.node if n.op_type == "MatMul" and sensitive(n.input[0])]
+    return [n.name for n in graph.node if n.op_type == "MatMul"
+            and (sensitive(n.input[0]) or narrowing(n))]
 
 
-def build_int8(opt_path: Path, target: Path, mixed: bool = False) -> dict[str, Any]:
+def build_int8(base: Path, target: Path, mixed: bool = False, origin: str = "fp32"
+               ) -> dict[str, Any]:
+    """Quantize ``base`` (fp32 or opt: whichever measured faster)."""
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     ops = ["MatMul", "Attention"]
-    exclude = sensitive_matmuls(opt_path) if mixed else []
-    quantize_dynamic(str(opt_path), str(target), weight_type=QuantType.QInt8, per_channel=True,
+    exclude = sensitive_matmuls(base) if mixed else []
+    quantize_dynamic(str(base), str(target), weight_type=QuantType.QInt8, per_channel=True,
                      op_types_to_quantize=ops, nodes_to_exclude=exclude,
                      extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
-    return {"tool": "onnxruntime.quantization.quantize_dynamic", "from": "opt",
+    return {"tool": "onnxruntime.quantization.quantize_dynamic", "from": origin,
             "weight_type": "QInt8", "per_channel": True, "op_types": ops,
             "kept_fp32": exclude}
 

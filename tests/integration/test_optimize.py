@@ -150,3 +150,10 @@ def test_a_variant_that_failed_the_gate_is_refused_at_startup(
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
     assert "variant" in proc.stderr and name in proc.stderr
+
+
+def test_attention_shape_is_found_in_a_bare_onnx_graph(optimized: tuple[Path, Any, int]
+                                                       ) -> None:
+    from sokuji.optimize import variants
+
+    assert variants.detect_shape(optimized[0]) == variants.Shape(num_heads=12, hidden_size=384)
