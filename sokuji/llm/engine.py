@@ -268,9 +268,10 @@ class GenerationEngine:
         rc = self.model.decode(entries)
         self.steps += 1
         self.rows += len(rows)
-        if rc != 0:
+        if rc != 0:  # the KV cells of every sequence in the batch are now in doubt
             log.error("llama_decode returned %d for a batch of %d tokens", rc, len(entries))
-            for seq, _ in rows:
+            slots = {slot for _, _, slot, _ in entries}
+            for seq in [q for q in self._active if q.slot in slots]:
                 self._finish(seq, "error", f"llama_decode failed ({rc})")
             return
         for seq, index in rows:
