@@ -158,8 +158,9 @@ class Metrics:
             self.requests.labels(model, str(status)).inc()
 
     def observe_generation(self, model: str, timing: Timing, completion_tokens: int,
-                           status: int) -> None:
-        self.requests.labels(model, str(status)).inc()
+                           status: int, count: bool = True) -> None:
+        if count:
+            self.requests.labels(model, str(status)).inc()
         self.llm.observe(model, timing, completion_tokens, status == 200)
 
     def render(self) -> bytes:

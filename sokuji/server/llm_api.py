@@ -168,7 +168,7 @@ class Generation:
         if isinstance(first[0], Finish):
             failure = self._failure(first[0])
             if failure is not None or first[0].reason == "cancelled":
-                self._observe(model.name, gen, first[0])
+                self._observe(model.name, gen, first[0], error_reply=failure is not None)
                 if failure is not None:
                     raise failure
                 return  # cancelled: the client is gone
@@ -182,8 +182,8 @@ class Generation:
                 if isinstance(event, Delta):
                     texts.append(event.text)
                     continue
-                self._observe(model.name, gen, event)
                 failure = self._failure(event)
+                self._observe(model.name, gen, event, error_reply=failure is not None)
                 if failure is not None:
                     raise failure
                 if event.reason == "cancelled":
@@ -236,7 +236,11 @@ class Generation:
                             "more_body": True})
             pending = await gen.events()
 
-    def _observe(self, model: str, gen: GenerationRequest, event: Finish) -> None:
+    def _observe(self, model: str, gen: GenerationRequest, event: Finish,
+                 error_reply: bool = False) -> None:
+        """Generation metrics. The request is counted here too, unless it is answered with
+        an error reply (``error_reply``), which ``_error`` counts."""
         status = {"deadline": 504, "error": 500, "cancelled": 499}.get(event.reason, 200)
         asyncio.get_running_loop().call_soon(self.metrics.observe_generation, model,
-                                             gen.timing, event.completion_tokens, status)
+                                             gen.timing, event.completion_tokens, status,
+                                             not error_reply)

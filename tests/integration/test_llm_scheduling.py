@@ -79,7 +79,15 @@ def post(url: str, body: dict[str, Any], headers: dict[str, str] | None = None
     return httpx.post(f"{url}/v1/completions", json=body, headers=headers, timeout=60)
 
 
+def count_504(url: str) -> float:
+    for line in httpx.get(f"{url}/metrics").text.splitlines():
+        if line.startswith('sokuji_requests_total{model="smollm2",status="504"}'):
+            return float(line.split()[-1])
+    return 0.0
+
+
 def test_deadline_passing_in_the_queue_answers_504(url: str) -> None:
+    before = count_504(url)
     hold = Occupier(url)
     try:
         t0 = time.perf_counter()
@@ -90,6 +98,7 @@ def test_deadline_passing_in_the_queue_answers_504(url: str) -> None:
         hold.release()
     assert r.status_code == 504 and "deadline" in r.json()["error"]["message"]
     assert 0.25 < waited < 5
+    assert count_504(url) == before + 1  # counted once
 
 
 def test_full_queue_rejects_at_once_and_loses_nothing_accepted(url: str) -> None:
