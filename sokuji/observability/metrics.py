@@ -192,7 +192,11 @@ class _EngineCollector(Collector):
         moves = CounterMetricFamily("sokuji_llm_sequence_moves",
                                     "Sequences moved to a lower slot (KV state copied) to keep "
                                     "busy slots consecutive.", labels=["model"])
+        split = CounterMetricFamily("sokuji_llm_split_steps",
+                                    "Decode steps run row by row, because that measured "
+                                    "cheaper than one small batch.", labels=["model"])
         for name, engine in self.engines.items():
+            split.add_metric([name], engine.split_steps)
             moves.add_metric([name], engine.moves)
             steps.add_metric([name], engine.steps)
             rows.add_metric([name], engine.rows)
@@ -201,6 +205,7 @@ class _EngineCollector(Collector):
         yield rows
         yield evictions
         yield moves
+        yield split
 
 
 class GenerationMetrics:

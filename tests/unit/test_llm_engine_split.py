@@ -1,0 +1,78 @@
+"""The engine's choice to decode a small batch row by row when that measured cheaper, with
+a stand-in for llama.cpp (the real model is exercised in tests/integration/test_llm.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import numpy as np
+
+from sokuji.llm.engine import EngineConfig, GenerationEngine, _Seq
+from sokuji.llm.request import GenerationRequest, SamplingParams
+
+
+class FakeModel:
+    """Each decode returns logits whose argmax is 10 + the row's sequence id."""
+
+    shape = SimpleNamespace(slots=4)
+    n_vocab = 32
+
+    def __init__(self) -> None:
+        self.calls: list[list[tuple[int, int, int, bool]]] = []
+
+    def decode(self, entries: list[tuple[int, int, int, bool]]) -> int:
+        self.calls.append(entries)
+        return 0
+
+    def logits(self, index: int) -> np.ndarray:
+        out = np.zeros(self.n_vocab, dtype=np.float32)
+        out[10 + self.calls[-1][index][2]] = 1.0
+        return out
+
+    def is_eog(self, token: int) -> bool:
+        return False
+
+    def piece(self, token: int) -> bytes:
+        return b"x"
+
+    def forget(self, seq: int, from_pos: int = 0) -> None:
+        pass
+
+
+def engine() -> tuple[GenerationEngine, FakeModel]:
+    model = FakeModel()
+    return GenerationEngine("m", model, EngineConfig(prefix_cache_bytes=0)), model  # type: ignore[arg-type]
+
+
+def test_split_only_when_measured_cheaper_and_still_probed() -> None:
+    eng, _ = engine()
+    assert not eng._split_is_cheaper(2)  # nothing measured yet
+    eng._learn(1, 0.010)
+    eng._learn(2, 0.030)  # 2 rows together cost more than two single rows
+    eng._learn(3, 0.020)
+    assert not eng._split_is_cheaper(3)
+    decisions = [eng._split_is_cheaper(2) for _ in range(64)]
+    assert decisions.count(False) == 2 and all(decisions[:31])  # every 32nd step: probe
+
+
+def test_row_by_row_decoding_gives_each_sequence_its_own_logits() -> None:
+    eng, model = engine()
+    loop = asyncio.new_event_loop()
+    try:
+        seqs = []
+        for slot in (0, 1):
+            req = GenerationRequest("m", [1, 2], SamplingParams(max_tokens=5, temperature=0),
+                                    loop, arrival_ns=0)
+            seq = _Seq(req, slot)
+            seq.pending, seq.pos, seq.next_token = [], 2, 7
+            seqs.append(seq)
+        eng._active = seqs
+        eng._learn(1, 0.010)
+        eng._learn(2, 0.030)
+        eng._step()
+        assert [len(c) for c in model.calls] == [1, 1] and eng.split_steps == 1
+        assert [s.next_token for s in seqs] == [10, 11]  # each sampled from its own row
+        assert [s.pos for s in seqs] == [3, 3]
+    finally:
+        loop.close()
