@@ -7,7 +7,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 
 REDIS_PORT ?= 6399
-.PHONY: serve test install lint typecheck redis bench bench-llm clean
+.PHONY: serve test install lint typecheck redis bench bench-llm bench-variants clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,9 @@ bench: install
 
 bench-llm: install
 	$(BIN)/python benchmarks/llm_serving.py
+
+bench-variants: install
+	$(BIN)/python benchmarks/variants_serving.py
 
 clean:
 	rm -rf $(VENV) .cache .mypy_cache .ruff_cache .pytest_cache
