@@ -41,7 +41,7 @@ from sokuji.errors import (
 )
 from sokuji.models.repository import Model, ModelRepository
 from sokuji.observability.metrics import CONTENT_TYPE, Metrics
-from sokuji.server import llm_api, openai_api, scheduling, v2
+from sokuji.server import backends, llm_api, openai_api, scheduling, v2
 from sokuji.server.auth import Authenticator, Tenant
 from sokuji.server.http import (
     JSON,
@@ -321,33 +321,6 @@ def _json(doc: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(doc), status_code=status, headers={"content-type": JSON})
 
 
-def build_cache(config: ServerConfig, metrics: Metrics) -> ResponseCache | None:
-    c = config.cache
-    if not c.enabled or not any(m.cache for m in config.models):
-        return None
-    if c.backend == "redis":
-        from sokuji.core.cache import RedisBackend
-
-        backend: Any = RedisBackend(c.redis_url, c.ttl_s)
-    else:
-        from sokuji.core.cache import MemoryBackend
-
-        backend = MemoryBackend(c.max_bytes, c.ttl_s)
-    return ResponseCache(backend, on_result=metrics.cache_result)
-
-
-def _job_store(config: ServerConfig) -> Any:
-    from sokuji.core import jobs
-
-    if config.jobs.backend == "redis":
-        try:
-            return jobs.RedisJobStore(config.jobs.redis_url)
-        except Exception as exc:  # any connection error: stop start-up, say why
-            raise ConfigError.for_key("jobs.redis_url", config.jobs.redis_url,
-                                      f"cannot reach Redis: {exc}") from exc
-    return jobs.JobStore(config.jobs_path)
-
-
 def create_app(config: ServerConfig, repo: ModelRepository,
                metrics: Metrics | None = None) -> SokujiApp:
     """The ASGI app over an already-loaded repository; batchers start with the lifespan."""
@@ -360,11 +333,11 @@ def create_app(config: ServerConfig, repo: ModelRepository,
         if model.engine is not None:
             metrics.llm.add_engine(name, model.engine)
     cp = ControlPlane(repo, metrics)
-    cache = build_cache(config, metrics)
+    cache = backends.build_cache(config, metrics)
     inference = Inference(config, repo, metrics, cache)
     jobs = None
     if config.jobs.enabled:
-        jobs = JobService(_job_store(config), inference.auth, config.max_request_bytes,
+        jobs = JobService(backends.job_store(config), inference.auth, config.max_request_bytes,
                           config.jobs.concurrency)
 
     @asynccontextmanager
