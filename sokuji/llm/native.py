@@ -24,7 +24,6 @@ from sokuji.errors import ConfigError
 log = logging.getLogger(__name__)
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-REQUANTIZE = ("", "q8_0")
 
 
 def _llama() -> Any:
@@ -130,13 +129,6 @@ class LlamaModel:
         self.eos = self._piece_text(L.llama_vocab_eos(self.vocab))
         raw = L.llama_model_chat_template(self.model, None)
         self.chat_template: str | None = raw.decode("utf-8") if raw else None
-        self.train_context = L.llama_model_n_ctx_train(self.model)
-        self.description = self._meta("general.name") or path.stem
-
-    def _meta(self, key: str) -> str | None:
-        buf = ctypes.create_string_buffer(256)
-        n = _llama().llama_model_meta_val_str(self.model, key.encode(), buf, len(buf))
-        return buf.value.decode("utf-8", "replace") if n >= 0 else None
 
     def _piece_text(self, token: int) -> str:
         return self.piece(token, special=True).decode("utf-8", "replace") if token >= 0 else ""

@@ -174,6 +174,20 @@ TTFT_BUCKETS_S = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0,
 E2E_BUCKETS_S = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 60.0, 120.0)
 
 
+# name, help, how to read it off an engine
+_ENGINE_COUNTERS: tuple[tuple[str, str, Callable[[GenerationEngine], int]], ...] = (
+    ("sokuji_llm_decode_steps", "llama_decode calls (one batch each).", lambda e: e.steps),
+    ("sokuji_llm_decode_sequences", "Sequences sampled, summed over decode steps (divide by "
+     "steps: the mean batch).", lambda e: e.rows),
+    ("sokuji_llm_prefix_cache_evictions", "Prefix-cache entries evicted for room.",
+     lambda e: e.prefix_cache.evictions),
+    ("sokuji_llm_sequence_moves", "Sequences moved to a lower slot (KV state copied) to keep "
+     "busy slots consecutive.", lambda e: e.moves),
+    ("sokuji_llm_split_steps", "Decode steps run row by row, because that measured cheaper "
+     "than one small batch.", lambda e: e.split_steps),
+)
+
+
 class _EngineCollector(Collector):
     """Counters the engine thread keeps as plain integers, read at scrape time."""
 
@@ -181,31 +195,11 @@ class _EngineCollector(Collector):
         self.engines = engines
 
     def collect(self) -> Iterator[Metric]:
-        steps = CounterMetricFamily("sokuji_llm_decode_steps",
-                                    "llama_decode calls (one batch each).", labels=["model"])
-        rows = CounterMetricFamily("sokuji_llm_decode_sequences",
-                                   "Sequences sampled, summed over decode steps (divide by "
-                                   "steps: the mean batch).", labels=["model"])
-        evictions = CounterMetricFamily("sokuji_llm_prefix_cache_evictions",
-                                        "Prefix-cache entries evicted for room.",
-                                        labels=["model"])
-        moves = CounterMetricFamily("sokuji_llm_sequence_moves",
-                                    "Sequences moved to a lower slot (KV state copied) to keep "
-                                    "busy slots consecutive.", labels=["model"])
-        split = CounterMetricFamily("sokuji_llm_split_steps",
-                                    "Decode steps run row by row, because that measured "
-                                    "cheaper than one small batch.", labels=["model"])
-        for name, engine in self.engines.items():
-            split.add_metric([name], engine.split_steps)
-            moves.add_metric([name], engine.moves)
-            steps.add_metric([name], engine.steps)
-            rows.add_metric([name], engine.rows)
-            evictions.add_metric([name], engine.prefix_cache.evictions)
-        yield steps
-        yield rows
-        yield evictions
-        yield moves
-        yield split
+        for name, text, read in _ENGINE_COUNTERS:
+            family = CounterMetricFamily(name, text, labels=["model"])
+            for model, engine in self.engines.items():
+                family.add_metric([model], read(engine))
+            yield family
 
 
 class GenerationMetrics:

@@ -25,40 +25,25 @@ BATCH_SIZES = (1, 8, 32)
 
 
 class Encoder:
-    """A plain session over the tokenizer (the same inputs the server's runtime feeds)."""
+    """The server's own ONNX runtime (same session options, tokenisation and padding), with
+    no batcher in front."""
 
     def __init__(self, model: Path, tokenizer: Path, threads: int, max_length: int) -> None:
-        import onnxruntime as ort
-        from tokenizers import Tokenizer
+        from sokuji.runtimes.onnx import OnnxEncoderRuntime
 
-        self.tokenizer = Tokenizer.from_file(str(tokenizer))
-        self.tokenizer.enable_truncation(max_length=max_length)
-        self.tokenizer.no_padding()
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = threads
-        opts.inter_op_num_threads = 1
-        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        self.session = ort.InferenceSession(str(model), opts,
-                                            providers=["CPUExecutionProvider"])
-        self.inputs = {i.name for i in self.session.get_inputs()}
-        self.output = self.session.get_outputs()[0].name
+        self.runtime = OnnxEncoderRuntime(model, tokenizer, intra_op_threads=threads,
+                                          max_sequence_length=max_length)
+        self.runtime.load()
+
+    def length(self, text: str) -> int:
+        return self.runtime.preprocess([text]).length
 
     def feeds(self, texts: Sequence[str]) -> dict[str, np.ndarray]:
-        ids = [e.ids for e in self.tokenizer.encode_batch(list(texts))]
-        longest = max(len(i) for i in ids)
-        input_ids = np.zeros((len(ids), longest), dtype=np.int64)
-        mask = np.zeros_like(input_ids)
-        for row, seq in enumerate(ids):
-            input_ids[row, :len(seq)] = seq
-            mask[row, :len(seq)] = 1
-        out = {"input_ids": input_ids, "attention_mask": mask}
-        if "token_type_ids" in self.inputs:
-            out["token_type_ids"] = np.zeros_like(input_ids)
-        return out
+        return self.runtime.feeds(self.runtime.preprocess(texts).data)
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
-        return np.asarray(self.session.run([self.output], self.feeds(texts))[0],
-                          dtype=np.float32)
+        out = self.runtime.run_batch([self.runtime.preprocess(texts)])[0]
+        return np.asarray(out, dtype=np.float32)
 
 
 def measure(model: Path, tokenizer: Path, texts: list[str], queries: list[str],
@@ -73,7 +58,7 @@ def measure(model: Path, tokenizer: Path, texts: list[str], queries: list[str],
         t = time.perf_counter()
         enc.embed([text])
         lat.append(time.perf_counter() - t)
-    by_length = sorted(texts, key=lambda s: len(enc.tokenizer.encode(s).ids))
+    by_length = sorted(texts, key=enc.length)
     throughput = {}
     for size in BATCH_SIZES:
         batches = [by_length[i:i + size] for i in range(0, len(by_length), size)]

@@ -98,9 +98,8 @@ class OnnxEncoderRuntime:
         return Prepared(data=ids, num_items=len(ids), length=max(lengths),
                         num_tokens=sum(lengths))
 
-    def run_batch(self, batch: Sequence[Prepared]) -> list[np.ndarray]:
-        assert self._session is not None, "load() first"
-        rows = [ids for p in batch for ids in p.data]
+    def feeds(self, rows: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
+        """Token-id rows padded once, to the longest, as the graph's inputs."""
         longest = max(len(r) for r in rows)
         input_ids = np.zeros((len(rows), longest), dtype=np.int64)
         mask = np.zeros((len(rows), longest), dtype=np.int64)
@@ -110,6 +109,12 @@ class OnnxEncoderRuntime:
         feeds = {"input_ids": input_ids, "attention_mask": mask}
         if "token_type_ids" in self._input_names:
             feeds["token_type_ids"] = np.zeros_like(input_ids)
+        return feeds
+
+    def run_batch(self, batch: Sequence[Prepared]) -> list[np.ndarray]:
+        assert self._session is not None, "load() first"
+        rows = [ids for p in batch for ids in p.data]
+        feeds = self.feeds(rows)
         try:
             out = self._session.run([self._output_name], feeds)[0]
         except Exception as exc:
