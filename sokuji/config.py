@@ -83,8 +83,17 @@ class ApiKey:
     """Models this tenant may use; empty: all."""
     priority: str = "interactive"
     """Default priority class of this tenant's requests: interactive | batch."""
+    max_priority: str = "interactive"
+    """The highest class this tenant's requests may ask for (``batch``: a priority header or
+    parameter cannot lift them to interactive)."""
+    admin: bool = False
+    """May read /metrics (when ``metrics_require_key``) and every model's statistics."""
+    callback_secret: str = ""
+    """HMAC key signing this tenant's job callbacks; empty: ``jobs.callback_secret``."""
+    max_pending_jobs: int = 0
+    """Unfinished jobs this tenant may have at once; 0: ``jobs.max_pending_per_tenant``."""
 
-    def __repr__(self) -> str:  # keys never reach logs or tracebacks
+    def __repr__(self) -> str:  # keys and secrets never reach logs or tracebacks
         return f"ApiKey(tenant={self.tenant!r}, models={self.models!r})"
 
 
@@ -96,6 +105,8 @@ class CacheConfig:
     max_bytes: int = 64 * 1024 * 1024
     ttl_s: float = 300.0
     redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_timeout_s: float = 0.1
+    """A Redis call slower than this counts as a miss (and a cache error), never a failure."""
 
 
 @dataclass(frozen=True)
@@ -108,6 +119,20 @@ class JobsConfig:
     """SQLite file; default: <cache_dir>/jobs.sqlite"""
     concurrency: int = 16
     """Jobs run at once (they are batched together like any other requests)."""
+    redis_timeout_s: float = 2.0
+    result_ttl_s: float = 86400.0
+    """Finished jobs (and their results) are deleted this long after they finish."""
+    max_pending_per_tenant: int = 1000
+    """Queued or running jobs one tenant may have; beyond it, submissions get 429."""
+    max_attempts: int = 5
+    """Runs of a job whose answer was transient (429, 503, 504) before that answer is final."""
+    callback_allow: tuple[str, ...] = ()
+    """Hosts or CIDR networks callbacks may reach even though they are loopback, private,
+    link-local or reserved (refused otherwise, after DNS resolution)."""
+    callback_secret: str = ""
+    """HMAC key for callbacks of tenants without their own; empty: a random key kept in
+    <cache_dir>/callback_secret."""
+    callback_timeout_s: float = 10.0
 
 
 @dataclass(frozen=True)
@@ -127,6 +152,11 @@ class ServerConfig:
     api_keys: tuple[ApiKey, ...] = ()
     cache: CacheConfig = CacheConfig()
     jobs: JobsConfig = JobsConfig()
+    metrics_require_key: bool = False
+    """/metrics needs an API key marked ``admin`` (when keys are configured)."""
+    models_require_key: bool = True
+    """/v1/models needs an API key and lists only the caller's models (when keys are
+    configured)."""
 
     @property
     def jobs_path(self) -> str:
@@ -137,7 +167,8 @@ class ServerConfig:
 
 
 _SERVER_SCALARS = {"host": str, "port": int, "cache_dir": str, "max_request_bytes": int,
-                   "log_level": str, "shutdown_drain_s": float, "shutdown_grace_s": float}
+                   "log_level": str, "shutdown_drain_s": float, "shutdown_grace_s": float,
+                   "metrics_require_key": bool, "models_require_key": bool}
 _LOG_LEVELS = {"critical", "error", "warning", "info", "debug", "trace"}
 
 
@@ -248,6 +279,10 @@ def _validate_model(index: int, m: ModelConfig) -> None:
         raise ConfigError.for_key(f"{prefix}.path", m.path, "no such file")
 
 
+_API_KEY_FIELDS = {"key", "tenant", "models", "priority", "max_priority", "admin",
+                   "callback_secret", "max_pending_jobs"}
+
+
 def _api_keys(raw: Any) -> tuple[ApiKey, ...]:
     if not isinstance(raw, list):
         raise ConfigError.for_key("api_keys", "...", "must be an array of tables")
@@ -257,7 +292,7 @@ def _api_keys(raw: Any) -> tuple[ApiKey, ...]:
         if not isinstance(entry, Mapping):
             raise ConfigError.for_key(where, "...", "must be a table")
         for k in entry:
-            if k not in {"key", "tenant", "models", "priority"}:
+            if k not in _API_KEY_FIELDS:
                 raise ConfigError.for_key(f"{where}.{k}", entry[k], "unknown key")
         key, tenant = entry.get("key"), entry.get("tenant")
         if not isinstance(key, str) or len(key) < 8:
@@ -269,11 +304,29 @@ def _api_keys(raw: Any) -> tuple[ApiKey, ...]:
         models = entry.get("models", [])
         if not isinstance(models, list) or not all(isinstance(m, str) for m in models):
             raise ConfigError.for_key(f"{where}.models", models, "must be a list of names")
-        priority = entry.get("priority", "interactive")
-        if priority not in ("interactive", "batch"):
-            raise ConfigError.for_key(f"{where}.priority", priority,
-                                      "must be interactive or batch")
-        keys.append(ApiKey(key=key, tenant=tenant, models=tuple(models), priority=priority))
+        extra: dict[str, Any] = {}
+        for name in ("priority", "max_priority"):
+            value = entry.get(name, "interactive")
+            if value not in ("interactive", "batch"):
+                raise ConfigError.for_key(f"{where}.{name}", value,
+                                          "must be interactive or batch")
+            extra[name] = value
+        if extra["priority"] == "interactive" and extra["max_priority"] == "batch":
+            extra["priority"] = "batch"  # the default class stays under the ceiling
+        if "admin" in entry:
+            extra["admin"] = _coerce(f"{where}.admin", entry["admin"], bool)
+        if "max_pending_jobs" in entry:
+            extra["max_pending_jobs"] = _coerce(f"{where}.max_pending_jobs",
+                                                entry["max_pending_jobs"], int)
+            if extra["max_pending_jobs"] < 0:
+                raise ConfigError.for_key(f"{where}.max_pending_jobs",
+                                          extra["max_pending_jobs"], "must be zero or more")
+        secret = entry.get("callback_secret", "")
+        if not isinstance(secret, str) or (secret and len(secret) < 16):
+            raise ConfigError(f"Config '{where}.callback_secret' must be a string of at least "
+                              "16 characters", param=f"{where}.callback_secret")
+        keys.append(ApiKey(key=key, tenant=tenant, models=tuple(models),
+                           callback_secret=secret, **extra))
     return tuple(keys)
 
 
@@ -284,14 +337,29 @@ def _table(name: str, raw: Any, cls: Any, kinds: dict[str, type]) -> Any:
     for k, v in raw.items():
         if k not in kinds:
             raise ConfigError.for_key(f"{name}.{k}", v, "unknown key")
-        values[k] = _coerce(f"{name}.{k}", v, kinds[k])
+        if kinds[k] is tuple:
+            if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+                raise ConfigError.for_key(f"{name}.{k}", v, "must be a list of strings")
+            values[k] = tuple(v)
+        else:
+            values[k] = _coerce(f"{name}.{k}", v, kinds[k])
     return cls(**values)
 
 
 def _cache(raw: Any) -> CacheConfig:
     return _table("cache", raw, CacheConfig, {"enabled": bool, "backend": str,
                                                "max_bytes": int, "ttl_s": float,
-                                               "redis_url": str})
+                                               "redis_url": str, "redis_timeout_s": float})
+
+
+def _allow_entry(entry: str) -> None:
+    """A callback allowlist entry is a CIDR network, an IP address or a host name."""
+    import ipaddress
+
+    if "/" in entry or entry.replace(".", "").isdigit() or ":" in entry:
+        ipaddress.ip_network(entry, strict=False)
+    elif not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,252})", entry):
+        raise ValueError("must be a host name, an IP address or a CIDR network")
 
 
 def validate(config: ServerConfig) -> ServerConfig:
@@ -323,12 +391,27 @@ def validate(config: ServerConfig) -> ServerConfig:
                 raise ConfigError.for_key(f"api_keys[{i}].models", name, "no such model")
     if config.jobs.backend not in ("sqlite", "redis"):
         raise ConfigError.for_key("jobs.backend", config.jobs.backend, "must be sqlite or redis")
-    if config.jobs.concurrency < 1:
-        raise ConfigError.for_key("jobs.concurrency", config.jobs.concurrency,
-                                  "must be at least 1")
+    j = config.jobs
+    for key in ("concurrency", "max_pending_per_tenant", "max_attempts"):
+        if getattr(j, key) < 1:
+            raise ConfigError.for_key(f"jobs.{key}", getattr(j, key), "must be at least 1")
+    for key in ("redis_timeout_s", "result_ttl_s", "callback_timeout_s"):
+        if getattr(j, key) <= 0:
+            raise ConfigError.for_key(f"jobs.{key}", getattr(j, key), "must be more than zero")
+    if j.callback_secret and len(j.callback_secret) < 16:
+        raise ConfigError("Config 'jobs.callback_secret' must be at least 16 characters",
+                          param="jobs.callback_secret")
+    for entry in j.callback_allow:
+        try:
+            _allow_entry(entry)
+        except ValueError as exc:
+            raise ConfigError.for_key("jobs.callback_allow", entry, str(exc)) from None
     c = config.cache
     if c.backend not in ("memory", "redis"):
         raise ConfigError.for_key("cache.backend", c.backend, "must be memory or redis")
+    if c.redis_timeout_s <= 0:
+        raise ConfigError.for_key("cache.redis_timeout_s", c.redis_timeout_s,
+                                  "must be more than zero")
     if c.max_bytes < 0 or c.ttl_s <= 0:
         raise ConfigError.for_key("cache.ttl_s" if c.ttl_s <= 0 else "cache.max_bytes",
                                   c.ttl_s if c.ttl_s <= 0 else c.max_bytes, "out of range")
@@ -361,7 +444,10 @@ def load(path: str | Path | None = None, env: Mapping[str, str] | None = None,
     if "jobs" in raw:
         values["jobs"] = _table("jobs", raw["jobs"], JobsConfig,
                                 {"enabled": bool, "backend": str, "redis_url": str,
-                                 "path": str, "concurrency": int})
+                                 "path": str, "concurrency": int, "redis_timeout_s": float,
+                                 "result_ttl_s": float, "max_pending_per_tenant": int,
+                                 "max_attempts": int, "callback_allow": tuple,
+                                 "callback_secret": str, "callback_timeout_s": float})
     for key, kind in _SERVER_SCALARS.items():
         env_value = env.get(f"{ENV_PREFIX}{key.upper()}")
         if env_value is not None:

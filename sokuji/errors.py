@@ -77,8 +77,14 @@ class ModelNotFound(NotFound):
 
 
 class MethodNotAllowed(SokujiError):
+    """405, with the ``Allow`` header RFC 9110 requires (the methods the resource takes)."""
+
     status = 405
     code = "method_not_allowed"
+
+    def __init__(self, message: str, *, allow: tuple[str, ...] = ("POST",)) -> None:
+        super().__init__(message, headers={"allow": ", ".join(allow)})
+        self.allow = allow
 
 
 class ModelNotReady(SokujiError):

@@ -76,6 +76,17 @@ def test_config_file_from_environment(tmp_path: Path) -> None:
      "api_keys[0].models", "'nope'"),
     ('[[models]]\nname="m"\nruntime="synthetic"\nmax_queue_depth=0\n',
      "models[0].max_queue_depth", "0"),
+    ("[jobs]\ncallback_allow = ['not a host!']\n", "jobs.callback_allow", "'not a host!'"),
+    ("[jobs]\ncallback_allow = ['10.0.0.0/33']\n", "jobs.callback_allow", "'10.0.0.0/33'"),
+    ("[jobs]\ncallback_allow = '127.0.0.1'\n", "jobs.callback_allow", "'127.0.0.1'"),
+    ("[jobs]\nresult_ttl_s = 0\n", "jobs.result_ttl_s", "0.0"),
+    ("[jobs]\nmax_pending_per_tenant = 0\n", "jobs.max_pending_per_tenant", "0"),
+    ("[cache]\nredis_timeout_s = -1\n", "cache.redis_timeout_s", "-1.0"),
+    ("metrics_require_key = 'sometimes'\n", "metrics_require_key", "'sometimes'"),
+    ('[[api_keys]]\nkey = "0123456789"\ntenant = "t"\nmax_priority = "urgent"\n',
+     "api_keys[0].max_priority", "'urgent'"),
+    ('[[api_keys]]\nkey = "0123456789"\ntenant = "t"\nadmin = "maybe"\n',
+     "api_keys[0].admin", "'maybe'"),
 ])
 def test_invalid_values_name_the_key_and_value(tmp_path: Path, text: str, key: str,
                                                value: str) -> None:
@@ -114,3 +125,37 @@ priority = "batch"
     assert config.jobs_path.endswith("jobs.sqlite")
     (key,) = config.api_keys
     assert (key.tenant, key.models, key.priority) == ("acme", ("minilm",), "batch")
+
+
+def test_security_keys(tmp_path: Path) -> None:
+    path = write(tmp_path, """
+metrics_require_key = true
+[jobs]
+callback_allow = ["127.0.0.1", "10.0.0.0/8", "hooks.internal", "::1"]
+callback_secret = "0123456789abcdef"
+max_pending_per_tenant = 7
+[[api_keys]]
+key = "0123456789"
+tenant = "t"
+max_priority = "batch"
+admin = true
+max_pending_jobs = 3
+callback_secret = "fedcba9876543210"
+""")
+    config = cfg.load(path, env={"SOKUJI_MODELS_REQUIRE_KEY": "false"})
+    assert config.metrics_require_key and not config.models_require_key
+    assert config.jobs.callback_allow == ("127.0.0.1", "10.0.0.0/8", "hooks.internal", "::1")
+    key = config.api_keys[0]
+    # A batch ceiling pulls the default class down with it.
+    assert (key.max_priority, key.priority, key.admin, key.max_pending_jobs) == \
+        ("batch", "batch", True, 3)
+    assert "fedcba" not in repr(key) and "0123456789" not in repr(key)
+
+
+def test_short_secrets_are_refused_without_echoing_them(tmp_path: Path) -> None:
+    path = write(tmp_path, '[[api_keys]]\nkey = "0123456789"\ntenant = "t"\n'
+                           'callback_secret = "short-secret"\n')
+    with pytest.raises(ConfigError) as err:
+        cfg.load(path, env={})
+    assert "api_keys[0].callback_secret" in err.value.message
+    assert "short-secret" not in err.value.message
