@@ -13,6 +13,7 @@
     │   └── ModelNotFound (404)
     ├── MethodNotAllowed (405)
     ├── ModelNotReady (503)
+    ├── StoreUnavailable (503)     the job store (Redis, SQLite) cannot be reached: retry later
     ├── Overloaded (429)           queue or concurrency limit: rejected at once, with Retry-After
     ├── DeadlineExceeded (504)     could not start before its deadline: never computed
     └── RuntimeFailed (500)        the runtime raised while running a batch
@@ -90,6 +91,17 @@ class MethodNotAllowed(SokujiError):
 class ModelNotReady(SokujiError):
     status = 503
     code = "model_not_ready"
+
+
+class StoreUnavailable(SokujiError):
+    """503 with Retry-After: a store the request needs is down or too slow. The message is
+    for clients: it never names the store's address (details go to the log)."""
+
+    status = 503
+    code = "store_unavailable"
+
+    def __init__(self, message: str, *, retry_after_s: int = 1) -> None:
+        super().__init__(message, headers={"retry-after": str(retry_after_s)})
 
 
 class RuntimeFailed(SokujiError):

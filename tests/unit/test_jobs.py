@@ -1,19 +1,24 @@
-"""Asynchronous inference in-process: 202 + Location, polling, results, tenants, callbacks."""
+"""Asynchronous inference in-process: 202 + Location, polling, results, tenants, quotas, expiry
+and retries of transient answers (callbacks: test_callbacks.py)."""
 
 from __future__ import annotations
 
-import http.server
-import json
+import asyncio
 import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any, ClassVar
+from pathlib import Path
+from typing import Any
 
 import pytest
 from starlette.testclient import TestClient
 
 from sokuji import config as cfg
+from sokuji.core.jobs import JobStatus, JobStore
+from sokuji.server import jobs as server_jobs
+from sokuji.server.auth import Authenticator
+from sokuji.server.http import Reply
 from tests.conftest import client_for
 
 INFER = "/v2/models/synth/infer"
@@ -27,8 +32,8 @@ def body(text: str) -> dict[str, Any]:
 def server_config(**extra: Any) -> cfg.ServerConfig:
     model = cfg.ModelConfig(name="synth", runtime="synthetic", options={"base_ms": 1.0})
     other = cfg.ModelConfig(name="other", runtime="synthetic", options={"base_ms": 1.0})
-    return cfg.validate(cfg.ServerConfig(models=(model, other), cache_dir=tempfile.mkdtemp(),
-                                         **extra))
+    extra.setdefault("cache_dir", tempfile.mkdtemp())
+    return cfg.validate(cfg.ServerConfig(models=(model, other), **extra))
 
 
 @pytest.fixture
@@ -107,38 +112,118 @@ def test_jobs_belong_to_their_tenant() -> None:
         assert client.get(location).status_code == 401
 
 
-class Hook(http.server.BaseHTTPRequestHandler):
-    received: ClassVar[list[dict[str, Any]]] = []
-    fail_first = 1
-
-    def do_POST(self) -> None:
-        data = self.rfile.read(int(self.headers["content-length"]))
-        status = 500 if Hook.fail_first > 0 else 200
-        Hook.fail_first -= 1
-        if status == 200:
-            Hook.received.append(json.loads(data))
-        self.send_response(status)
-        self.send_header("content-length", "0")
-        self.end_headers()
-
-    def log_message(self, *args: Any) -> None:
-        pass
+def test_a_job_without_callback_says_so_and_bad_ids_are_404(client: TestClient) -> None:
+    r = client.post(INFER, json=body("x"), headers=ASYNC)
+    doc = finished(client, r.headers["location"])
+    assert doc["callback"] is None
+    assert doc["expires_at"] == pytest.approx(doc["finished_at"] + 86400.0)
+    for bad in ("../etc", "X" * 32, r.json()["id"].upper(), r.json()["id"] + "/other"):
+        assert client.get(f"/v2/jobs/{bad}").status_code == 404
 
 
-def test_a_callback_is_retried_until_it_is_delivered(client: TestClient) -> None:
-    hook = http.server.HTTPServer(("127.0.0.1", 0), Hook)
-    threading.Thread(target=hook.serve_forever, daemon=True).start()
+def gate_jobs(client: TestClient) -> threading.Event:
+    """Hold every job's run until the returned event is set (a gate on the job runner)."""
+    jobs = client.app.jobs  # type: ignore[attr-defined]
+    original, gate = jobs._respond, threading.Event()
+
+    async def gated(*args: Any, **kwargs: Any) -> Any:
+        await asyncio.to_thread(gate.wait, 30)
+        return await original(*args, **kwargs)
+
+    jobs._respond = gated
+    return gate
+
+
+def test_a_tenant_has_a_quota_of_unfinished_jobs() -> None:
+    keys = (cfg.ApiKey(key="key-of-acme-0001", tenant="acme"),
+            cfg.ApiKey(key="key-of-bolt-0002", tenant="bolt", max_pending_jobs=1))
+    acme = {**ASYNC, "authorization": "Bearer key-of-acme-0001"}
+    bolt = {**ASYNC, "authorization": "Bearer key-of-bolt-0002"}
+    jobs = cfg.JobsConfig(max_pending_per_tenant=2, concurrency=1)
+    with client_for(server_config(api_keys=keys, jobs=jobs)) as client:
+        gate = gate_jobs(client)
+        first = [client.post(INFER, json=body("x"), headers=acme) for _ in range(2)]
+        assert [r.status_code for r in first] == [202, 202]  # one running, one queued
+        r = client.post(INFER, json=body("x"), headers=acme)
+        assert r.status_code == 429 and r.headers["retry-after"] == "1"
+        assert "tenant 'acme' already has 2 unfinished jobs" in r.json()["error"]
+        assert client.post(INFER, json=body("x"), headers=bolt).status_code == 202
+        r = client.post(INFER, json=body("x"), headers=bolt)  # its key's own quota: 1
+        assert r.status_code == 429 and "already has 1 unfinished" in r.json()["error"]
+        gate.set()
+        for job in first:
+            finished(client, job.headers["location"], acme)
+        assert client.post(INFER, json=body("x"), headers=acme).status_code == 202
+
+
+def test_a_finished_job_expires_after_its_ttl() -> None:
+    jobs = cfg.JobsConfig(result_ttl_s=1.0)
+    with client_for(server_config(jobs=jobs)) as client:
+        r = client.post(INFER, json=body("x"), headers=ASYNC)
+        location, states = r.headers["location"], []
+        deadline = time.monotonic() + 20
+        while (status := client.get(location)).status_code == 200:  # polls across the TTL
+            states.append(status.json()["status"])
+            assert time.monotonic() < deadline
+        assert status.status_code == 404 and states[-1] == "done"
+        assert client.get(f"{location}/result").status_code == 404
+
+
+def test_a_transient_answer_is_retried_until_max_attempts(monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    """A deadline that cannot be met answers 504 each time: the job runs max_attempts times
+    (waiting between runs), then the 504 is its result."""
+    monkeypatch.setattr(server_jobs, "RETRY_BASE_S", 0.01)
+    late = {**body("x"), "parameters": {"timeout": 1}}  # 1 us: never met
+    with client_for(server_config(jobs=cfg.JobsConfig(max_attempts=3))) as client:
+        assert client.post(INFER, json=late).status_code == 504
+        r = client.post(INFER, json=late, headers=ASYNC)
+        doc = finished(client, r.headers["location"], timeout_s=30)
+        assert doc["status"] == "failed" and doc["attempts"] == 3
+        result = client.get(doc["result"])
+        assert result.status_code == 504 and "deadline" in result.text.lower()
+
+
+def test_a_failure_that_is_not_transient_is_final_at_once(client: TestClient) -> None:
+    r = client.post("/v2/models/other/infer", json={"inputs": [{"name": "nope"}]},
+                    headers=ASYNC)
+    doc = finished(client, r.headers["location"])
+    assert doc["status"] == "failed" and doc["attempts"] == 1
+
+
+async def test_the_runner_retries_transient_answers_with_backoff(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """JobService over a real SQLite store and a scripted inference path: 503, 429 (with
+    Retry-After: 0), then 200. The job ends done, after three runs, with one completion."""
+    monkeypatch.setattr(server_jobs, "RETRY_BASE_S", 0.01)
+    answers = [Reply(503, b"busy", {}), Reply(429, b"full", {"retry-after": "0"}),
+               Reply(200, b"{}", {"content-type": "application/json"})]
+    seen: list[int] = []
+
+    async def respond(*args: Any) -> Reply:
+        seen.append(len(seen))
+        return answers[len(seen) - 1]
+
+    config = server_config(cache_dir=str(tmp_path), jobs=cfg.JobsConfig(max_attempts=5))
+    store = JobStore(tmp_path / "jobs.sqlite")
+    service = server_jobs.JobService(store, Authenticator(()), config)
+    job_id = store.submit("anonymous", INFER, {}, b"{}")
+    service.start(respond, lambda *_: None)
     try:
-        url = f"http://127.0.0.1:{hook.server_address[1]}/done"
-        r = client.post(INFER, json=body("call me"),
-                        headers={**ASYNC, "x-sokuji-callback-url": url})
-        location = r.headers["location"]
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and not Hook.received:
-            client.get(location)
-        assert Hook.received and Hook.received[0]["id"] == r.json()["id"]
-        assert Hook.received[0]["status"] == 200
-        assert json.loads(Hook.received[0]["body"])["outputs"][0]["data"] == [7.0]
-        assert client.get(location).json()["callback"] == "delivered (200)"
+        deadline = time.monotonic() + 30
+        while (job := store.get(str(job_id))) is not None and job.status is not JobStatus.DONE:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.01)  # the runner works on this loop meanwhile
+        assert job is not None and job.attempts == 3 and job.completions == 1
+        assert job.result_status == 200 and len(seen) == 3
     finally:
-        hook.shutdown()
+        await service.stop()
+
+
+def test_backoff_doubles_and_honours_retry_after() -> None:
+    base = server_jobs.RETRY_BASE_S
+    assert base <= server_jobs.backoff_s(1, None) <= base * 1.25
+    assert base * 4 <= server_jobs.backoff_s(3, None) <= base * 5
+    assert 30 <= server_jobs.backoff_s(1, "30") <= 37.5
+    assert server_jobs.backoff_s(40, None) <= server_jobs.RETRY_MAX_S * 1.25
+    assert base <= server_jobs.backoff_s(1, "soon") <= base * 1.25
