@@ -1,5 +1,8 @@
 """Outputs: a terminal table (rich), the JSON result, and an HTML report with plots.
 
+Credentials never reach an output: every writer passes the result through ``scrub.result``
+(``--header`` values such as ``Authorization: Bearer ***``, passwords in URLs).
+
 JSON schema ``sokuji.bench/1`` (stable; additions only within a version)::
 
     {"schema": "sokuji.bench/1", "started_at": ISO-8601, "command": [...],
@@ -11,7 +14,9 @@ JSON schema ``sokuji.bench/1`` (stable; additions only within a version)::
                  error_latency_ms: {kind: (same as latency_ms)},
                  ttft_ms, itl_ms, tpot_ms (streaming targets), output_tokens_per_s,
                  stages: {mean_ms, tail_mean_ms, mean_share, tail_share, ...} | null,
-                 client: {cpu_s, wall_s, cpu_fraction, lag_ms?, behind_schedule?}},
+                 client: {cpu_s, wall_s, cpu_fraction, lag_ms?, behind_schedule? (lag p99
+                          over 5 ms), send_rate_ratio? (sent / scheduled rate),
+                          cannot_keep_up? (ratio under 0.9: a sweep stops)}},
      "slo": [{slo, metric, stat, limit, measured, ok}],
      "cost": {price_per_hour, per_1k_requests, per_1m_output_tokens} | null,
      "sweep": {steps: [{rate, summary, slo}], goodput_rps, max_rate_meeting_slo, knee_rate}
@@ -32,6 +37,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from sokuji.bench import scrub
 from sokuji.bench.engine import RunResult
 
 SCHEMA = "sokuji.bench/1"
@@ -47,6 +53,7 @@ def samples(run: RunResult) -> dict[str, list[float]]:
 
 
 def print_summary(console: Console, result: dict[str, Any]) -> None:
+    result = scrub.result(result)
     s = result["summary"]
     table = Table(title=f"sokuji bench: {result['config']['url']}", show_lines=False)
     table.add_column("metric")
@@ -75,7 +82,8 @@ def print_summary(console: Console, result: dict[str, Any]) -> None:
     if "lag_ms" in client:
         lag = client["lag_ms"]
         table.add_row("client lag p99 / max", f"{lag.get('p99', 0):.2f} / {lag.get('max', 0):.2f}"
-                      " ms" + ("  BEHIND SCHEDULE" if client["behind_schedule"] else ""))
+                      " ms" + ("  BEHIND SCHEDULE" if client.get("cannot_keep_up")
+                               else "  LATE SENDS" if client["behind_schedule"] else ""))
     for v in result.get("slo") or ():
         measured = "n/a" if v["measured"] is None else f"{v['measured']:.4g}"
         table.add_row(f"SLO {v['slo']}", ("PASS " if v["ok"] else "FAIL ") + measured)
@@ -103,7 +111,7 @@ def print_summary(console: Console, result: dict[str, Any]) -> None:
 
 
 def write_json(path: str | Path, result: dict[str, Any]) -> None:
-    Path(path).write_text(json.dumps(result, indent=1, default=float))
+    Path(path).write_text(json.dumps(scrub.result(result), indent=1, default=float))
 
 
 def _png(fig: Any) -> str:
@@ -188,6 +196,7 @@ def plots(result: dict[str, Any]) -> dict[str, str]:
 
 
 def write_html(path: str | Path, result: dict[str, Any]) -> None:
+    result = scrub.result(result)
     images = "\n".join(
         f'<figure><figcaption>{html.escape(title)}</figcaption>'
         f'<img alt="{html.escape(title)}" src="data:image/png;base64,{data}"></figure>'

@@ -107,9 +107,28 @@ def summarize(run: RunResult, *, streaming: bool = False) -> dict[str, Any]:
         "cpu_fraction": run.client_cpu_s / run.wall_s if run.wall_s else 0.0}
     if run.mode == "open" and lags:
         lag = latency_summary([max(x, 0.0) for x in lags]) or {}
-        behind = lag.get("p99", 0.0) > 5.0
-        out["client"].update({"lag_ms": lag, "behind_schedule": behind})
+        ratio = send_rate_ratio(measured)
+        out["client"].update({
+            "lag_ms": lag, "behind_schedule": lag.get("p99", 0.0) > LAG_WARNING_MS,
+            "send_rate_ratio": ratio, "cannot_keep_up": ratio < MIN_SEND_RATE_RATIO})
     return out
+
+
+# Lag is jitter when the client catches up (a busy machine delays a send now and then; the
+# latency, measured from the intended time, includes it): worth a warning. It is a failure to
+# offer the load only when sending falls behind for good, which shows as a lower send rate.
+LAG_WARNING_MS = 5.0
+MIN_SEND_RATE_RATIO = 0.9
+
+
+def send_rate_ratio(records: list[Record]) -> float:
+    """The rate the client actually sent at over the scheduled rate (1.0: on schedule), from
+    the first to the last of ``records``."""
+    if len(records) < 2:
+        return 1.0
+    intended = max(r.intended_s for r in records) - min(r.intended_s for r in records)
+    sent = max(r.sent_s for r in records) - min(r.sent_s for r in records)
+    return min(1.0, intended / sent) if sent > 0 else 1.0
 
 
 # --- SLOs -----------------------------------------------------------------------------------

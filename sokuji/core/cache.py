@@ -8,6 +8,12 @@ protocol (JSON or base64, V2 or OpenAI) is applied after the cache, so one entry
 Backends: ``MemoryBackend`` (in process: LRU bounded in bytes, with TTL) and ``RedisBackend``
 (shared between replicas; entries expire by Redis TTL). Concurrent identical requests are
 computed once: the first computes, the others await its result (``coalesced``).
+
+The cache is an optimisation, never a dependency: a backend that fails or does not answer
+within its timeout (``BackendUnavailable``) makes a lookup a miss and a store a no-op. Each
+failure is counted (``on_error``) and logged at most once per ``WARN_INTERVAL_S``; after
+``Breaker.threshold`` failures in a row the backend is skipped for ``Breaker.cooldown_s``, so
+an outage does not add the timeout to every request.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import hashlib
+import logging
 import struct
 import time
 from collections import OrderedDict
@@ -23,6 +30,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
+
+log = logging.getLogger(__name__)
 
 
 class CacheResult(enum.StrEnum):
@@ -65,7 +74,15 @@ def cache_key(tenant: str, model: str, version: str, texts: Sequence[str]) -> st
     return h.hexdigest()
 
 
+class BackendUnavailable(Exception):
+    """The cache backend failed, or did not answer within its timeout. Deliberately outside
+    ``SokujiError``: it never reaches a client (``ResponseCache`` turns it into a miss)."""
+
+
 class Backend(Protocol):
+    """``get`` and ``set`` raise only ``BackendUnavailable`` (third-party errors are
+    translated inside the backend)."""
+
     async def get(self, key: str) -> Entry | None: ...
 
     async def set(self, key: str, entry: Entry) -> None: ...
@@ -118,36 +135,99 @@ class MemoryBackend:
 
 
 class RedisBackend:
-    """Entries in Redis under ``sokuji:cache:<key>``, expiring after ``ttl_s``."""
+    """Entries in Redis under ``sokuji:cache:<key>``, expiring after ``ttl_s``.
+
+    Every call (connection included) is bounded by ``timeout_s``; any Redis or socket error,
+    a timeout, or an entry that does not decode raises ``BackendUnavailable``."""
 
     PREFIX = "sokuji:cache:"
 
-    def __init__(self, url: str, ttl_s: float) -> None:
+    def __init__(self, url: str, ttl_s: float, timeout_s: float = 0.1) -> None:
         import redis.asyncio as redis
+        from redis.asyncio.retry import Retry
+        from redis.backoff import NoBackoff
+        from redis.exceptions import RedisError
 
         self.ttl_ms = max(1, int(ttl_s * 1000))
-        self._redis: Any = redis.Redis.from_url(url)
+        self.timeout_s = timeout_s
+        self._errors: tuple[type[BaseException], ...] = (RedisError, OSError, TimeoutError)
+        # One immediate retry: a pooled connection that Redis closed (a restart) reconnects
+        # within the same call; anything slower is cut by the timeout below anyway.
+        self._redis: Any = redis.Redis.from_url(
+            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
+            retry=Retry(NoBackoff(), 1))
+
+    async def _call(self, op: str, *args: Any, **kwargs: Any) -> Any:
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                return await getattr(self._redis, op)(*args, **kwargs)
+        except self._errors as exc:
+            reason = str(exc) or f"no answer within {self.timeout_s * 1e3:.0f} ms"
+            raise BackendUnavailable(f"Redis {op.upper()}: {type(exc).__name__}: "
+                                     f"{reason}") from exc
 
     async def get(self, key: str) -> Entry | None:
-        raw = await self._redis.get(self.PREFIX + key)
-        return None if raw is None else Entry.from_bytes(raw)
+        raw = await self._call("get", self.PREFIX + key)
+        if raw is None:
+            return None
+        try:
+            return Entry.from_bytes(raw)
+        except (ValueError, struct.error, UnicodeDecodeError) as exc:
+            raise BackendUnavailable(f"Redis GET: undecodable entry ({exc})") from exc
 
     async def set(self, key: str, entry: Entry) -> None:
-        await self._redis.set(self.PREFIX + key, entry.to_bytes(), px=self.ttl_ms)
+        await self._call("set", self.PREFIX + key, entry.to_bytes(), px=self.ttl_ms)
 
     async def ping(self) -> None:
-        await self._redis.ping()
+        await self._call("ping")
 
     async def close(self) -> None:
         await self._redis.aclose()
 
 
+@dataclass
+class Breaker:
+    """A circuit breaker: after ``threshold`` consecutive failures, calls are skipped for
+    ``cooldown_s``; then calls try again, and one more failure opens it again at once."""
+
+    threshold: int = 5
+    cooldown_s: float = 5.0
+    clock: Callable[[], float] = time.monotonic
+    failures: int = 0
+    open_until: float = 0.0
+
+    def allow(self) -> bool:
+        return self.failures < self.threshold or self.clock() >= self.open_until
+
+    def success(self) -> None:
+        self.failures = 0
+
+    def failure(self) -> None:
+        self.failures += 1
+        if self.failures >= self.threshold:
+            self.open_until = self.clock() + self.cooldown_s
+
+
+WARN_INTERVAL_S = 10.0
+
+
 class ResponseCache:
+    """Lookups, coalescing and stores over one backend. ``on_result(model, result)`` sees
+    every lookup; ``on_error(op)`` every backend failure (op: ``get`` or ``set``)."""
+
     def __init__(self, backend: Backend,
-                 on_result: Callable[[str, CacheResult], None] | None = None) -> None:
+                 on_result: Callable[[str, CacheResult], None] | None = None,
+                 on_error: Callable[[str], None] | None = None,
+                 breaker: Breaker | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.backend = backend
         self._on_result = on_result
+        self._on_error = on_error
+        self.breaker = breaker or Breaker(clock=clock)
+        self._clock = clock
         self._inflight: dict[str, asyncio.Future[Entry]] = {}
+        self._unlogged_errors = 0
+        self._last_warning = -float("inf")
 
     async def get_or_compute(self, model: str, key: str,
                              compute: Callable[[], Awaitable[Entry]], *, read: bool = True,
@@ -156,7 +236,7 @@ class ResponseCache:
         identical requests are in flight. ``read=False`` skips the lookup (Cache-Control:
         no-cache); ``store=False`` keeps the result out (no-store)."""
         if read:
-            entry = await self.backend.get(key)
+            entry = await self._get(key)
             if entry is not None:
                 return self._report(model, entry, CacheResult.HIT)
             pending = self._inflight.get(key)
@@ -186,8 +266,48 @@ class ResponseCache:
                 del self._inflight[key]
         future.set_result(entry)
         if store:
-            await self.backend.set(key, entry)
+            await self._set(key, entry)
         return self._report(model, entry, CacheResult.MISS if read else CacheResult.BYPASS)
+
+    async def _get(self, key: str) -> Entry | None:
+        """The backend's entry; None when it has none, fails, or is being skipped."""
+        if not self.breaker.allow():
+            return None
+        try:
+            entry = await self.backend.get(key)
+        except BackendUnavailable as exc:
+            self._failed("get", exc)
+            return None
+        self.breaker.success()
+        return entry
+
+    async def _set(self, key: str, entry: Entry) -> None:
+        """Store ``entry``; a failing (or skipped) backend just does not keep it."""
+        if not self.breaker.allow():
+            return
+        try:
+            await self.backend.set(key, entry)
+        except BackendUnavailable as exc:
+            self._failed("set", exc)
+            return
+        self.breaker.success()
+
+    def _failed(self, op: str, exc: BackendUnavailable) -> None:
+        self.breaker.failure()
+        if self._on_error is not None:
+            self._on_error(op)
+        # One line per WARN_INTERVAL_S, not one per request: an outage under load would
+        # otherwise flood the log.
+        self._unlogged_errors += 1
+        now = self._clock()
+        if now - self._last_warning < WARN_INTERVAL_S:
+            return
+        skipping = "" if self.breaker.allow() else \
+            f"; skipping the cache for {self.breaker.cooldown_s:g} s"
+        log.warning("response cache unavailable, serving misses: %s (%d cache error(s) since "
+                    "the last warning)%s", exc, self._unlogged_errors, skipping)
+        self._unlogged_errors = 0
+        self._last_warning = now
 
     def _report(self, model: str, entry: Entry, result: CacheResult
                 ) -> tuple[Entry, CacheResult]:

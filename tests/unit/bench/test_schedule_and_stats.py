@@ -89,6 +89,27 @@ def test_summary_excludes_warmup_and_counts_errors() -> None:
     assert s["latency_ms"]["count"] == 6
 
 
+def open_run(lags_s: list[float]) -> RunResult:
+    """100 req/s for len(lags_s) requests, each sent ``lags_s[i]`` after its time."""
+    recs = [Record(intended_s=i / 100, sent_s=i / 100 + lag, done_s=i / 100 + lag + 0.01,
+                   status=200) for i, lag in enumerate(lags_s)]
+    return RunResult(recs, 0.0, len(lags_s) / 100 + 0.1, 0.1, "open")
+
+
+def test_late_sends_warn_but_only_a_lasting_shortfall_means_the_client_cannot_keep_up(
+        ) -> None:
+    jitter = [0.0] * 300
+    jitter[100:106] = [0.030, 0.025, 0.020, 0.015, 0.010, 0.001]  # late, then caught up
+    client = stats.summarize(open_run(jitter))["client"]
+    assert client["behind_schedule"] and not client["cannot_keep_up"]
+    assert client["send_rate_ratio"] == pytest.approx(1.0)
+    falling = [i * 0.004 for i in range(300)]  # 1.4x slower than asked, for good
+    client = stats.summarize(open_run(falling))["client"]
+    assert client["cannot_keep_up"] and client["send_rate_ratio"] == pytest.approx(1 / 1.4)
+    on_time = stats.summarize(open_run([0.0001] * 300))["client"]
+    assert not on_time["behind_schedule"] and not on_time["cannot_keep_up"]
+
+
 @pytest.mark.parametrize(("text", "metric", "stat", "limit"), [
     ("p99=100ms", "latency_ms", "p99", 100.0),
     ("p99.9=1s", "latency_ms", "p99_9", 1000.0),
