@@ -4,12 +4,14 @@ Per-request stage timings are the hot part: ten ``Histogram.observe`` calls (eac
 Python loop over the buckets) cost tens of microseconds a request. Instead, each request
 appends one row to a per-model numpy buffer, and the buffer is folded into bucket counts in
 bulk (``searchsorted`` + ``bincount``) when it fills or when ``/metrics`` is scraped. Recording
-and scraping both run on the event loop thread.
+and scraping both run on the event loop thread. The same fold feeds Triton's statistics
+extension (``model_stats``; the mapping of stages is in ``stats.py``).
 """
 
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Protocol
 
@@ -20,7 +22,8 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 from sokuji.core.batcher import BatchInfo
-from sokuji.core.request import STAGES, Timeline
+from sokuji.core.request import STAGES, Stage, Timeline
+from sokuji.observability.stats import ModelCounters, StatsSnapshot, snapshot
 
 if TYPE_CHECKING:
     from sokuji.llm.engine import GenerationEngine
@@ -39,22 +42,37 @@ class _Queue(Protocol):
 
 
 class TimingHistograms:
-    """Histograms of one model's request stages (columns: each stage, then total)."""
+    """Histograms of one model's request stages (columns: each stage, then total), and the
+    sums the Triton statistics are made of (``stats.StatsSnapshot``).
+
+    A row holds nanoseconds, then a flag column: +1 the request was computed (it has an
+    ``infer`` stage), +2 it consulted the response cache (it has a ``cache`` stage). So 2 is
+    a cache hit (or an identical request awaited), 3 a miss, 1 a request without a cache.
+    """
 
     def __init__(self, capacity: int = 1024) -> None:
         self.columns = len(STAGES) + 1
         self._bounds = np.asarray(LATENCY_BUCKETS_S)
-        self._buffer = np.empty((capacity, self.columns), dtype=np.float64)
+        self._buffer = np.empty((capacity, self.columns + 1), dtype=np.float64)
         self._pending = 0
         self.counts = np.zeros((self.columns, len(LATENCY_BUCKETS_S) + 1), dtype=np.int64)
         self.sums = np.zeros(self.columns, dtype=np.float64)
+        self.sums_ns = np.zeros(self.columns, dtype=np.int64)
+        self.kind_counts = np.zeros(4, dtype=np.int64)
+        """Rows by flag value (see the class docstring)."""
+        self.kind_cache_ns = np.zeros(4, dtype=np.int64)
+        """The ``cache`` stage's nanoseconds, by flag value."""
+        self.last_ns = 0
+        """perf_counter_ns at which the last recorded request was answered."""
 
     def record(self, timeline: Timeline) -> None:
         durations = timeline.durations_ns
         row = self._buffer[self._pending]
         for i, stage in enumerate(STAGES):
-            row[i] = durations.get(stage, 0) / 1e9
-        row[-1] = timeline.total_ns / 1e9
+            row[i] = durations.get(stage, 0)
+        row[-2] = timeline.total_ns
+        row[-1] = (Stage.INFER in durations) + 2 * (Stage.CACHE in durations)
+        self.last_ns = timeline.last_ns
         self._pending += 1
         if self._pending == len(self._buffer):
             self.flush()
@@ -63,12 +81,22 @@ class TimingHistograms:
         if not self._pending:
             return
         rows = self._buffer[:self._pending]
+        values_ns = rows[:, :self.columns]
+        seconds = values_ns / 1e9
         bins = len(self._bounds) + 1
         for col in range(self.columns):
-            index = np.searchsorted(self._bounds, rows[:, col], side="left")  # value <= bound
+            index = np.searchsorted(self._bounds, seconds[:, col], side="left")  # value <= bound
             self.counts[col] += np.bincount(index, minlength=bins)
-        self.sums += rows.sum(axis=0)
+        self.sums += seconds.sum(axis=0)
+        self.sums_ns += values_ns.astype(np.int64).sum(axis=0)
+        kinds = rows[:, -1].astype(np.intp)
+        self.kind_counts += np.bincount(kinds, minlength=4)
+        self.kind_cache_ns += np.rint(np.bincount(
+            kinds, weights=values_ns[:, _CACHE_COLUMN], minlength=4)).astype(np.int64)
         self._pending = 0
+
+
+_CACHE_COLUMN = STAGES.index(Stage.CACHE)
 
 
 class _TimingCollector(Collector):
@@ -101,6 +129,7 @@ class Metrics:
         self.registry = registry or CollectorRegistry()
         r = self.registry
         self._timings: dict[str, TimingHistograms] = {}
+        self._counters: dict[str, ModelCounters] = {}
         r.register(_TimingCollector(self._timings))
         self.batch_size = Histogram(
             "sokuji_batch_size", "Items per dispatched batch.", ["model"],
@@ -123,6 +152,9 @@ class Metrics:
         self.cache_requests = Counter(
             "sokuji_cache_requests", "Response-cache lookups by result (hit, miss, coalesced, "
             "bypass).", ["model", "result"], registry=r)
+        self.cache_errors = Counter(
+            "sokuji_cache_errors", "Response-cache backend calls that failed or timed out "
+            "(op: get, served as a miss; set, not stored).", ["op"], registry=r)
         self._ok: dict[str, Callable[[], None]] = {}
         self.variant = Gauge(
             "sokuji_model_variant", "1 for the variant each model serves by default (others are "
@@ -132,17 +164,24 @@ class Metrics:
 
     def add_model(self, name: str, queue: _Queue) -> None:
         self._timings[name] = TimingHistograms()
+        self._counters.setdefault(name, ModelCounters())
         self._ok[name] = self.requests.labels(name, "200").inc
         self.queue_depth.labels(name).set_function(lambda: float(queue.num_waiting))
 
     def cache_result(self, model: str, result: str) -> None:
         self.cache_requests.labels(model, result).inc()
 
+    def cache_error(self, op: str) -> None:
+        self.cache_errors.labels(op).inc()
+
     def batch_observer(self, name: str) -> Callable[[BatchInfo], None]:
         size, tokens = self.batch_size.labels(name), self.batch_tokens.labels(name)
         padding, real = self.padding_tokens.labels(name), self.input_tokens.labels(name)
 
+        counters = self._counters.setdefault(name, ModelCounters())
+
         def observe(info: BatchInfo) -> None:
+            counters.batch(info.num_items)
             size.observe(info.num_items)
             tokens.observe(info.padded_tokens)
             padding.inc(max(0, info.padded_tokens - info.real_tokens))
@@ -162,6 +201,28 @@ class Metrics:
         if count:
             self.requests.labels(model, str(status)).inc()
         self.llm.observe(model, timing, completion_tokens, status == 200)
+        counters = self._counters.get(model)
+        if counters is None:
+            return
+        if status == 200:
+            counters.generation(timing.arrival_ns, timing.submitted_ns, timing.admitted_ns,
+                                timing.end_ns)
+        else:
+            counters.failure((timing.end_ns or time.perf_counter_ns()) - timing.arrival_ns)
+
+    # --- Triton's statistics extension (``stats.py`` says how stages map) ---------------
+
+    def observe_failure(self, model: str, duration_ns: int) -> None:
+        """An error reply for ``model`` (a metric name: ``name`` or ``name@variant``)."""
+        counters = self._counters.get(model)
+        if counters is not None:
+            counters.failure(duration_ns)
+
+    def model_stats(self, model: str) -> StatsSnapshot:
+        """Cumulative statistics of ``model`` (a metric name), pending rows folded first."""
+        hist = self._timings.get(model) or TimingHistograms(capacity=1)
+        counters = self._counters.get(model) or ModelCounters()
+        return snapshot(hist, counters)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

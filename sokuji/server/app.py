@@ -18,15 +18,9 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import numpy as np
-import orjson
 from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from sokuji import __version__
 from sokuji.config import ServerConfig
 from sokuji.core.cache import CacheResult, Entry, ResponseCache, cache_key
 from sokuji.core.request import InferenceRequest, Stage, Timeline
@@ -36,13 +30,15 @@ from sokuji.errors import (
     DeadlineExceeded,
     InvalidInput,
     MethodNotAllowed,
+    ModelNotFound,
     ModelNotReady,
     SokujiError,
 )
 from sokuji.models.repository import Model, ModelRepository
-from sokuji.observability.metrics import CONTENT_TYPE, Metrics
+from sokuji.observability.metrics import Metrics
 from sokuji.server import backends, llm_api, openai_api, scheduling, v2
 from sokuji.server.auth import Authenticator, Tenant
+from sokuji.server.control import ControlPlane
 from sokuji.server.http import (
     JSON,
     ClientGone,
@@ -74,7 +70,7 @@ class Inference:
                    request_id: str = "") -> tuple[np.ndarray, int]:
         """Outputs for ``texts`` (from the cache, or through the model's queue), and the
         unpadded token count."""
-        prio = scheduling.priority(headers, parameters, tenant.priority)
+        prio = scheduling.priority(headers, parameters, tenant.priority, tenant.max_priority)
         deadline = scheduling.deadline_ns(headers, parameters, tl.start_ns,
                                           model.config.default_timeout_ms)
 
@@ -107,8 +103,8 @@ class Inference:
 
     async def v2_infer(self, params: dict[str, str], headers: Headers, receive: Receive,
                        tl: Timeline, tenant: Tenant) -> tuple[str, bytes, Headers]:
+        tenant.check_model(params["model_name"])  # first: 403 tells nothing of other models
         model = self.repo.get_ready(params["model_name"], params.get("version"))
-        tenant.check_model(model.name)
         model.embedder().check_capacity()  # refuse before reading the body
         header_len = headers.get(v2.HEADER_LENGTH)
         check_content_type(headers, binary_ok=header_len is not None)
@@ -134,9 +130,9 @@ class Inference:
         check_content_type(headers, binary_ok=False)
         body = await read_body(receive, headers, self.config.max_request_bytes)
         req = openai_api.decode_embeddings(body)
+        params["model_name"] = req.model
+        tenant.check_model(req.model)
         model = self.repo.get_ready(req.model)
-        params["model_name"] = model.name
-        tenant.check_model(model.name)
         openai_api.check_limits(req, model.config.max_batch_size,
                                 model.metadata.outputs[0].shape[-1])
         tl.mark(Stage.DECODE)
@@ -215,11 +211,14 @@ class SokujiApp:
             name = doc.get("model") if isinstance(doc, dict) else None
             if not isinstance(name, str):
                 raise InvalidInput("'model' is required and must be a string", param="model")
-        tenant.check_model(self.inference.repo.get(name, version).name)
+        tenant.check_model(name)
+        self.inference.repo.get(name, version)
 
     async def guard(self, method: str, path: str, params: dict[str, str],
-                    work: Awaitable[Reply | None]) -> Reply | None:
-        """Await ``work``; map the error tree to replies, and anything else to a logged 500."""
+                    work: Awaitable[Reply | None], t0: int | None = None) -> Reply | None:
+        """Await ``work``; map the error tree to replies (headers included: ``Allow`` on a
+        405, ``Retry-After`` on a 429 ...), and anything else to a logged 500. An error for a
+        known model counts as a failure in its statistics (arrival ``t0`` to now)."""
         try:
             return await work
         except ClientGone:
@@ -230,11 +229,22 @@ class SokujiApp:
             model = params.get("model_name", "")
             if model in self.inference.repo.models:
                 self.metrics.requests.labels(model, str(exc.status)).inc()
+                self._count_failure(params, t0)
             return error_reply(path, exc.status, exc.code, exc.message, exc.param, exc.headers)
         except Exception as exc:  # the one outermost catch-all: a 500 is a bug, logged
             log.exception("unhandled error on %s %s", method, path)
+            if params.get("model_name", "") in self.inference.repo.models:
+                self._count_failure(params, t0)
             return error_reply(path, 500, "internal_error",
                                f"internal error: {type(exc).__name__}")
+
+    def _count_failure(self, params: dict[str, str], t0: int | None) -> None:
+        try:
+            model = self.inference.repo.get(params["model_name"], params.get("version"))
+        except ModelNotFound:  # an unknown version: no statistics to count it in
+            return
+        elapsed_ns = time.perf_counter_ns() - t0 if t0 is not None else 0
+        self.metrics.observe_failure(model.metric_name, elapsed_ns)
 
     async def respond(self, method: str, path: str, headers: Headers, receive: Receive,
                       t0: int, tenant: Tenant | None = None,
@@ -257,68 +267,7 @@ class SokujiApp:
             asyncio.get_running_loop().call_soon(self.metrics.observe_request, model, tl, 200)
             return Reply(200, body, out_headers)
 
-        return await self.guard(method, path, params, run())
-
-
-class ControlPlane:
-    """Health, metadata, model listing and metrics, through Starlette."""
-
-    def __init__(self, repo: ModelRepository, metrics: Metrics) -> None:
-        self.repo = repo
-        self.metrics = metrics
-
-    async def server_metadata(self, request: Request) -> Response:
-        return _json({"name": "sokuji", "version": __version__,
-                      "extensions": ["binary_tensor_data"]})
-
-    async def live(self, request: Request) -> Response:
-        return Response(status_code=200)
-
-    async def ready(self, request: Request) -> Response:
-        return Response(status_code=200 if self.repo.ready else 503)
-
-    async def model_metadata(self, request: Request) -> Response:
-        p = request.path_params
-        model = self.repo.get(p["model_name"], p.get("version"))
-        return _json(v2.model_metadata(model.name, model.served_version, model.metadata))
-
-    async def model_ready(self, request: Request) -> Response:
-        p = request.path_params
-        model = self.repo.get(p["model_name"], p.get("version"))
-        return Response(status_code=200 if model.ready else 503)
-
-    async def openai_models(self, request: Request) -> Response:
-        return _json({"object": "list", "data": [
-            {"id": name, "object": "model", "created": 0, "owned_by": "sokuji"}
-            for name in self.repo.models]})
-
-    async def metrics_endpoint(self, request: Request) -> Response:
-        return Response(self.metrics.render(), headers={"content-type": CONTENT_TYPE})
-
-    @staticmethod
-    def _error(request: Request, status: int, code: str, message: str,
-               param: str | None = None) -> Response:
-        reply = error_reply(request.url.path, status, code, message, param)
-        return Response(reply.body, status_code=status, headers=reply.headers)
-
-    async def on_sokuji_error(self, request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, SokujiError)
-        return self._error(request, exc.status, exc.code, exc.message, exc.param)
-
-    async def on_http_error(self, request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, HTTPException)
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-        return self._error(request, exc.status_code, code,
-                           f"{exc.detail}: {request.method} {request.url.path}")
-
-    async def on_unexpected(self, request: Request, exc: Exception) -> Response:
-        log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return self._error(request, 500, "internal_error",
-                           f"internal error: {type(exc).__name__}")
-
-
-def _json(doc: Any, status: int = 200) -> Response:
-    return Response(orjson.dumps(doc), status_code=status, headers={"content-type": JSON})
+        return await self.guard(method, path, params, run(), t0)
 
 
 def create_app(config: ServerConfig, repo: ModelRepository,
@@ -332,22 +281,26 @@ def create_app(config: ServerConfig, repo: ModelRepository,
     for name, model in repo.models.items():
         if model.engine is not None:
             metrics.llm.add_engine(name, model.engine)
-    cp = ControlPlane(repo, metrics)
     cache = backends.build_cache(config, metrics)
     inference = Inference(config, repo, metrics, cache)
+    cp = ControlPlane(config, repo, metrics, inference.auth)
     jobs = None
     if config.jobs.enabled:
-        jobs = JobService(backends.job_store(config), inference.auth, config.max_request_bytes,
-                          config.jobs.concurrency)
+        jobs = JobService(backends.job_store(config), inference.auth, config)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         if cache is not None and hasattr(cache.backend, "ping"):
+            from sokuji.core.cache import BackendUnavailable
+
+            # Unreachable at start is a config error (refuse to start); later, an outage
+            # only turns lookups into misses. The URL's password never reaches the message.
             try:
                 await cache.backend.ping()
-            except Exception as exc:  # any connection error: stop start-up, say why
-                raise ConfigError.for_key("cache.redis_url", config.cache.redis_url,
-                                          f"cannot reach Redis: {exc}") from exc
+            except BackendUnavailable as exc:
+                raise ConfigError.for_key("cache.redis_url",
+                                          backends.redact_url(config.cache.redis_url),
+                                          f"cannot reach Redis: {exc}") from None
         repo.start()
         if jobs is not None:
             jobs.start(app_.respond, app_.check_job)
@@ -360,24 +313,7 @@ def create_app(config: ServerConfig, repo: ModelRepository,
             if cache is not None:
                 await cache.close()
 
-    routes = [
-        Route("/v2", cp.server_metadata, methods=["GET"]),
-        Route("/v2/health/live", cp.live, methods=["GET"]),
-        Route("/v2/health/ready", cp.ready, methods=["GET"]),
-        Route("/v2/models/{model_name}", cp.model_metadata, methods=["GET"]),
-        Route("/v2/models/{model_name}/ready", cp.model_ready, methods=["GET"]),
-        Route("/v2/models/{model_name}/versions/{version}", cp.model_metadata,
-              methods=["GET"]),
-        Route("/v2/models/{model_name}/versions/{version}/ready", cp.model_ready,
-              methods=["GET"]),
-        Route("/v1/models", cp.openai_models, methods=["GET"]),
-        Route("/metrics", cp.metrics_endpoint, methods=["GET"]),
-    ]
-    handlers: dict[Any, Callable[[Request, Exception], Awaitable[Response]]] = {
-        SokujiError: cp.on_sokuji_error,
-        HTTPException: cp.on_http_error,
-        Exception: cp.on_unexpected,
-    }
-    control_plane = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)
+    control_plane = Starlette(routes=cp.routes(), lifespan=lifespan,
+                              exception_handlers=cp.handlers())
     app_ = SokujiApp(inference, control_plane, jobs)
     return app_

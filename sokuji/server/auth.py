@@ -4,6 +4,11 @@ A key comes as ``Authorization: Bearer <key>`` (what the OpenAI SDK sends) or ``
 Keys are compared in constant time against every configured key (no early exit, so timing
 does not tell how much of a key matched, nor which one), and are never logged or echoed.
 With no keys configured the server is open and every caller is the tenant ``anonymous``.
+
+A tenant carries what it may do: its models (403 outside them, on the inference path and on
+the control plane alike), its default priority class and the highest class it may ask for
+(``max_priority``: a header or V2 parameter cannot lift it above), and whether it is an
+``admin`` (``/metrics`` when ``metrics_require_key``; statistics of every model).
 """
 
 from __future__ import annotations
@@ -24,19 +29,31 @@ class Tenant:
     models: frozenset[str] | None
     """None: every model."""
     priority: str | None = None
+    """Default priority class of the tenant's requests (None: interactive)."""
+    max_priority: str | None = None
+    """The highest class its requests may ask for (``batch``: never interactive)."""
+    admin: bool = False
+    """May read /metrics when it needs a key, and every model's statistics."""
+
+    def may_use(self, model: str) -> bool:
+        return self.models is None or model in self.models
 
     def check_model(self, model: str) -> None:
-        if self.models is not None and model not in self.models:
+        """403 unless the tenant may use ``model``. Call it before looking the model up: a
+        name outside the tenant's list gets the same answer whether or not it exists."""
+        if not self.may_use(model):
             raise Forbidden(f"tenant '{self.name}' may not use model '{model}'", param="model")
 
 
-OPEN = Tenant(ANONYMOUS, None)
+OPEN = Tenant(ANONYMOUS, None, admin=True)
+"""The caller when no keys are configured: the server is open, control plane included."""
 
 
 class Authenticator:
     def __init__(self, keys: tuple[ApiKey, ...]) -> None:
         self._keys = [(k.key.encode(), Tenant(k.tenant, frozenset(k.models) or None,
-                                              k.priority)) for k in keys]
+                                              k.priority, k.max_priority, k.admin))
+                      for k in keys]
 
     @property
     def enabled(self) -> bool:

@@ -1,8 +1,10 @@
 """Scheduling hints a request carries: its priority class and its deadline.
 
 - Priority: header ``X-Sokuji-Priority: interactive | batch``, or the V2 parameter
-  ``priority``, either such a name or Triton's integer (0 default, 1 highest: interactive;
-  2 and above: batch). Default: the tenant's (API key's) priority, else interactive.
+  ``priority``, either such a name or Triton's integer (0: the default, 1 highest:
+  interactive; 2 and above: batch). Default: the tenant's (API key's) priority, else
+  interactive. Whatever is asked, the tenant's ``max_priority`` is a ceiling: a tenant held
+  to ``batch`` stays batch (silently, as a Triton priority level above the model's range is).
 - Timeout: header ``X-Sokuji-Timeout-Ms``, or the V2 parameter ``timeout`` in microseconds
   (Triton's convention), else the model's ``default_timeout_ms``. The deadline is counted from
   the request's arrival.
@@ -10,6 +12,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,20 +21,27 @@ from sokuji.errors import InvalidInput
 
 PRIORITY_HEADER = "x-sokuji-priority"
 TIMEOUT_HEADER = "x-sokuji-timeout-ms"
+MAX_TIMEOUT_MS = 86_400_000.0
 _NAMES = {"interactive": Priority.INTERACTIVE, "batch": Priority.BATCH}
 
 
 def priority(headers: Mapping[str, str], parameters: Mapping[str, Any],
-             tenant_default: str | None = None) -> Priority:
+             tenant_default: str | None = None, ceiling: str | None = None) -> Priority:
+    """The request's class: what it asks for (else ``tenant_default``), never above
+    ``ceiling`` (the tenant's ``max_priority``; None: interactive, no limit)."""
     raw: Any = headers.get(PRIORITY_HEADER, parameters.get("priority"))
-    if raw is None:
-        return _NAMES.get(tenant_default or "", Priority.INTERACTIVE)
-    if isinstance(raw, str) and raw.strip().lower() in _NAMES:
-        return _NAMES[raw.strip().lower()]
-    if isinstance(raw, int) and not isinstance(raw, bool) and raw >= 0:
-        return Priority.INTERACTIVE if raw <= 1 else Priority.BATCH
-    raise InvalidInput(f"priority {raw!r} is not one of: interactive, batch (or a Triton "
-                       "priority level >= 0)", param="priority")
+    if raw is None or (type(raw) is int and raw == 0):  # Triton's 0: the default level
+        asked = _NAMES.get(tenant_default or "", Priority.INTERACTIVE)
+    elif isinstance(raw, str) and raw.strip().lower() in _NAMES:
+        asked = _NAMES[raw.strip().lower()]
+    elif isinstance(raw, int) and not isinstance(raw, bool) and raw > 0:
+        asked = Priority.INTERACTIVE if raw == 1 else Priority.BATCH
+    else:
+        raise InvalidInput(f"priority {raw!r} is not one of: interactive, batch (or a Triton "
+                           "priority level >= 0)", param="priority")
+    if ceiling is None:
+        return asked
+    return max(asked, _NAMES.get(ceiling, Priority.INTERACTIVE))  # lower value runs first
 
 
 def deadline_ns(headers: Mapping[str, str], parameters: Mapping[str, Any], arrival_ns: int,
@@ -42,17 +52,20 @@ def deadline_ns(headers: Mapping[str, str], parameters: Mapping[str, Any], arriv
             timeout_ms = float(header)
         except ValueError:
             timeout_ms = -1.0
-        if not timeout_ms > 0:
-            raise InvalidInput(f"{TIMEOUT_HEADER} {header!r} must be a number of milliseconds "
-                               "> 0", param=TIMEOUT_HEADER)
+        if not 0 < timeout_ms < math.inf:
+            raise InvalidInput(f"{TIMEOUT_HEADER} {header[:40]!r} must be a finite number of "
+                               "milliseconds > 0", param=TIMEOUT_HEADER)
     elif "timeout" in parameters:
         micros = parameters["timeout"]
-        if isinstance(micros, bool) or not isinstance(micros, (int, float)) or micros <= 0:
-            raise InvalidInput(f"parameter 'timeout' {micros!r} must be a number of "
+        if isinstance(micros, bool) or not isinstance(micros, (int, float)) \
+                or not 0 < micros < math.inf:
+            raise InvalidInput(f"parameter 'timeout' {micros!r} must be a finite number of "
                                "microseconds > 0", param="parameters.timeout")
         timeout_ms = micros / 1e3
     elif default_timeout_ms > 0:
         timeout_ms = default_timeout_ms
     else:
         return None
-    return arrival_ns + int(timeout_ms * 1e6)
+    # A deadline further away than MAX_TIMEOUT_MS is no deadline in practice; the cap keeps
+    # the arithmetic in range for any finite value a client sends.
+    return arrival_ns + int(min(timeout_ms, MAX_TIMEOUT_MS) * 1e6)

@@ -31,6 +31,13 @@ class V2Request:
     """Requested output name -> whether it goes back as binary data."""
 
 
+def brief(value: Any, limit: int = 60) -> str:
+    """``repr(value)`` cut to ``limit`` characters: error messages name what a client sent
+    without echoing megabytes of it back."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} chars)"
+
+
 def parse_json(raw: bytes, what: str = "request body") -> Any:
     try:
         return orjson.loads(raw)
@@ -45,7 +52,7 @@ def parse_json(raw: bytes, what: str = "request body") -> Any:
 def _shape(name: str, raw: Any) -> list[int]:
     if not isinstance(raw, list) or not all(
             isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in raw):
-        raise InvalidInput(f"input '{name}' has shape {raw!r}; expected a list of "
+        raise InvalidInput(f"input '{name}' has shape {brief(raw)}; expected a list of "
                            "non-negative integers", param=f"inputs.{name}.shape")
     return raw
 
@@ -96,10 +103,12 @@ def decode_infer(body: bytes, header_length: int | None, meta: ModelMetadata,
         raise BadRequest("request body must be a JSON object")
     request_id = doc.get("id", "")
     if not isinstance(request_id, str):
-        raise InvalidInput(f"'id' must be a string, got {request_id!r}", param="id")
-    parameters = doc.get("parameters", {})
-    if not isinstance(parameters, dict):
-        raise InvalidInput("'parameters' must be an object", param="parameters")
+        raise InvalidInput(f"'id' must be a string, got {brief(request_id)}", param="id")
+    parameters = _object(doc, "parameters", "'parameters'", "parameters")
+    all_binary = parameters.get("binary_data_output", False)
+    if not isinstance(all_binary, bool):
+        raise InvalidInput(f"parameter 'binary_data_output' must be a boolean, got "
+                           f"{brief(all_binary)}", param="parameters.binary_data_output")
     inputs = doc.get("inputs")
     if not isinstance(inputs, list) or not inputs:
         raise InvalidInput("'inputs' must be a non-empty list", param="inputs")
@@ -113,23 +122,24 @@ def decode_infer(body: bytes, header_length: int | None, meta: ModelMetadata,
                                param="inputs")
         name = tensor["name"]
         if name != spec.name:
-            raise InvalidInput(f"unexpected input '{name}'; the model takes: {spec.name}",
+            raise InvalidInput(f"unexpected input {brief(name)}; the model takes: {spec.name}",
                                param="inputs")
         if texts is not None:
             raise InvalidInput(f"input '{name}' given twice", param="inputs")
         datatype = tensor.get("datatype")
         if datatype != spec.datatype:
-            raise InvalidInput(f"input '{name}' has datatype {datatype!r}; expected "
+            raise InvalidInput(f"input '{name}' has datatype {brief(datatype)}; expected "
                                f"{spec.datatype}", param=f"inputs.{name}.datatype")
         shape = _shape(name, tensor.get("shape"))
-        tparams = tensor.get("parameters") or {}
-        if not isinstance(tparams, dict):
-            raise InvalidInput(f"input '{name}' parameters must be an object")
+        tparams = _object(tensor, "parameters", f"input '{name}' parameters",
+                          f"inputs.{name}.parameters")
         size = tparams.get("binary_data_size")
         if size is not None:
-            if not isinstance(size, int) or size < 0 or offset + size > len(binary):
-                raise InvalidInput(f"input '{name}' binary_data_size {size!r} does not fit "
-                                   f"the {len(binary) - offset} binary bytes left")
+            if isinstance(size, bool) or not isinstance(size, int) or size < 0 \
+                    or offset + size > len(binary):
+                raise InvalidInput(f"input '{name}' binary_data_size {brief(size)} does not fit "
+                                   f"the {len(binary) - offset} binary bytes left",
+                                   param=f"inputs.{name}.parameters.binary_data_size")
             texts = _bytes_elements(name, binary[offset:offset + size])
             offset += size
         elif "data" in tensor:
@@ -154,25 +164,46 @@ def decode_infer(body: bytes, header_length: int | None, meta: ModelMetadata,
         raise TooManyItems(f"input '{spec.name}' has {len(texts)} items; this model takes at "
                            f"most {max_items} per request", param=f"inputs.{spec.name}")
 
-    all_binary = parameters.get("binary_data_output") is True
-    binary_outputs: dict[str, bool] = {}
-    known = {o.name for o in meta.outputs}
-    outputs = doc.get("outputs")
-    if outputs is None:
-        binary_outputs = {o.name: all_binary for o in meta.outputs}
-    elif not isinstance(outputs, list):
-        raise InvalidInput("'outputs' must be a list", param="outputs")
-    else:
-        for out in outputs:
-            name = out.get("name") if isinstance(out, dict) else None
-            if name not in known:
-                raise InvalidInput(f"unknown output {name!r}; the model gives: "
-                                   f"{', '.join(sorted(known))}", param="outputs")
-            oparams = out.get("parameters") or {}
-            binary_outputs[name] = bool(oparams.get("binary_data", all_binary)) \
-                if isinstance(oparams, dict) else all_binary
     return V2Request(texts=texts, request_id=request_id, parameters=parameters,
-                     binary_outputs=binary_outputs)
+                     binary_outputs=_requested_outputs(doc.get("outputs"), meta, all_binary))
+
+
+def _object(doc: dict[str, Any], key: str, what: str, param: str) -> dict[str, Any]:
+    """``doc[key]``, an optional JSON object (absent or null: empty)."""
+    value = doc.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InvalidInput(f"{what} must be an object, got {type(value).__name__}", param=param)
+    return value
+
+
+def _requested_outputs(outputs: Any, meta: ModelMetadata, all_binary: bool) -> dict[str, bool]:
+    """Requested output name -> binary or not. No ``outputs``: every output, binary as the
+    request-level ``binary_data_output`` says."""
+    known = [o.name for o in meta.outputs]
+    if outputs is None:
+        return dict.fromkeys(known, all_binary)
+    if not isinstance(outputs, list):
+        raise InvalidInput("'outputs' must be a list", param="outputs")
+    chosen: dict[str, bool] = {}
+    for i, out in enumerate(outputs):
+        name = out.get("name") if isinstance(out, dict) else None
+        if not isinstance(name, str):
+            raise InvalidInput(f"outputs[{i}] must be an object with a string 'name'",
+                               param="outputs")
+        if name not in known:
+            raise InvalidInput(f"unknown output {brief(name)}; the model gives: "
+                               f"{', '.join(known)}", param="outputs")
+        oparams = _object(out, "parameters", f"output '{name}' parameters",
+                          f"outputs.{name}.parameters")
+        binary = oparams.get("binary_data", all_binary)
+        if not isinstance(binary, bool):
+            raise InvalidInput(f"output '{name}' parameter 'binary_data' must be a boolean, "
+                               f"got {brief(binary)}",
+                               param=f"outputs.{name}.parameters.binary_data")
+        chosen[name] = binary
+    return chosen
 
 
 def encode_infer(model_name: str, version: str, request: V2Request,
@@ -203,10 +234,11 @@ def encode_infer(model_name: str, version: str, request: V2Request,
                                       "inference-header-content-length": str(len(head))}
 
 
-def model_metadata(name: str, version: str, meta: ModelMetadata) -> dict[str, Any]:
+def model_metadata(name: str, versions: Sequence[str], meta: ModelMetadata) -> dict[str, Any]:
+    """The V2 model metadata body; ``versions``: every version name the model answers to."""
     def tensor(t: TensorSpec) -> dict[str, Any]:
         return {"name": t.name, "datatype": t.datatype, "shape": list(t.shape)}
 
-    return {"name": name, "versions": [version], "platform": meta.platform,
+    return {"name": name, "versions": list(versions), "platform": meta.platform,
             "inputs": [tensor(t) for t in meta.inputs],
             "outputs": [tensor(t) for t in meta.outputs]}

@@ -73,6 +73,52 @@ def test_tritonclient_sees_clear_errors(server: str) -> None:
         client.infer("minilm", [bad])
 
 
+def test_tritonclient_model_config_and_statistics(server: str) -> None:
+    """What perf_analyzer reads before sending load (metadata, config) and after each
+    measurement window (statistics), through the official client."""
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+
+    client = httpclient.InferenceServerClient(url=server)
+    assert {"model_configuration", "statistics"} <= \
+        set(client.get_server_metadata()["extensions"])
+    config = client.get_model_config("minilm")
+    assert (config["name"], config["platform"], config["backend"]) == \
+        ("minilm", "onnxruntime_onnx", "onnxruntime")
+    assert config["max_batch_size"] == 16 and "dynamic_batching" in config
+    assert [(t["name"], t["data_type"], t["dims"]) for t in config["input"]] == \
+        [("text", "TYPE_STRING", [1])]
+    assert [(t["name"], t["data_type"], t["dims"]) for t in config["output"]] == \
+        [("embedding", "TYPE_FP32", [384])]
+    assert client.get_model_config("minilm", "1") == config
+    with pytest.raises(InferenceServerException, match="unknown model 'nope'"):
+        client.get_model_config("nope")
+
+    (before,) = client.get_inference_statistics("minilm")["model_stats"]
+    meta = client.get_model_metadata("minilm")
+    shapes = [[2, *meta["inputs"][0]["shape"][1:]], [2, *config["input"][0]["dims"]]]
+    for i, shape in enumerate(shapes):  # as perf_analyzer builds them, and from the dims
+        inp = httpclient.InferInput("text", shape, "BYTES")
+        inp.set_data_from_numpy(np.array([f"statistics {i} a", f"statistics {i} b"],
+                                         dtype=np.object_).reshape(shape))
+        assert client.infer("minilm", [inp]).as_numpy("embedding").shape == (2, 384)
+    (after,) = client.get_inference_statistics("minilm", "1")["model_stats"]
+    assert (after["name"], after["version"]) == ("minilm", "1")  # perf_analyzer: stoll()
+    counts = {k: after["inference_stats"][k]["count"] - before["inference_stats"][k]["count"]
+              for k in after["inference_stats"]}
+    assert counts["success"] == counts["queue"] == 2
+    assert counts["compute_input"] == counts["compute_infer"] == counts["compute_output"] == 2
+    spent = {k: after["inference_stats"][k]["ns"] - before["inference_stats"][k]["ns"]
+             for k in ("success", "queue", "compute_input", "compute_infer",
+                       "compute_output")}
+    assert spent["compute_infer"] > 0 and spent["compute_input"] > 0
+    assert spent["success"] >= sum(v for k, v in spent.items() if k != "success")
+    assert after["inference_count"] - before["inference_count"] == 4
+    assert after["last_inference"] > 0 and after["last_inference"] >= before["last_inference"]
+    every = client.get_inference_statistics()["model_stats"]
+    assert ("minilm", "1") in {(s["name"], s["version"]) for s in every}
+
+
 def test_openai_sdk_embeddings(server: str) -> None:
     import openai
 

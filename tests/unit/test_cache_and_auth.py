@@ -183,3 +183,133 @@ def test_key_config_errors_never_echo_the_key(tmp_path: object) -> None:
     with pytest.raises(cfg.ConfigError) as err:
         cfg.load(path, env={})
     assert "short" not in err.value.message and "api_keys[0].key" in err.value.message
+
+
+# --- tenant isolation on the control plane, and the priority ceiling ----------------------
+
+ROOT = cfg.ApiKey(key="key-of-root-0003", tenant="root", models=("synth",), admin=True)
+CAPPED = cfg.ApiKey(key="key-of-capd-0004", tenant="capd", models=("synth",),
+                    max_priority="batch")
+ACME, BOLT = {"x-api-key": "key-of-acme-0001"}, {"x-api-key": "key-of-bolt-0002"}
+ROOT_H, CAPD_H = {"x-api-key": "key-of-root-0003"}, {"x-api-key": "key-of-capd-0004"}
+
+
+@pytest.fixture
+def tenants() -> Iterator[TestClient]:
+    with client_for(server(api_keys=(*KEYS, ROOT, CAPPED))) as client:
+        yield client
+
+
+def model_ids(r: object) -> list[str]:
+    assert r.status_code == 200, r.text  # type: ignore[attr-defined]
+    return [m["id"] for m in r.json()["data"]]  # type: ignore[attr-defined]
+
+
+def test_model_list_needs_a_key_and_shows_only_the_tenants_models(tenants: TestClient
+                                                                  ) -> None:
+    r = tenants.get("/v1/models")
+    assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+    assert r.json()["error"]["code"] == "unauthorized"  # OpenAI's error format
+    assert model_ids(tenants.get("/v1/models", headers=BOLT)) == ["synth"]
+    assert model_ids(tenants.get("/v1/models", headers=ACME)) == ["synth", "other"]
+
+
+def test_model_list_can_be_left_open() -> None:
+    with client_for(server(api_keys=KEYS, models_require_key=False)) as client:
+        assert model_ids(client.get("/v1/models")) == ["synth", "other"]
+        assert client.get("/v2/models/other/config").status_code == 200
+
+
+@pytest.mark.parametrize("suffix", ["", "/ready", "/config", "/stats", "/versions/1",
+                                    "/versions/1/config", "/versions/1/stats"])
+def test_a_tenant_learns_nothing_about_models_outside_its_list(tenants: TestClient,
+                                                               suffix: str) -> None:
+    assert tenants.get(f"/v2/models/synth{suffix}").status_code == 401  # no key
+    assert tenants.get(f"/v2/models/synth{suffix}", headers=BOLT).status_code == 200
+    other = tenants.get(f"/v2/models/other{suffix}", headers=BOLT)
+    ghost = tenants.get(f"/v2/models/ghost{suffix}", headers=BOLT)
+    assert other.status_code == ghost.status_code == 403
+    assert other.json()["error"] == "tenant 'bolt' may not use model 'other'"
+    assert ghost.json()["error"] == "tenant 'bolt' may not use model 'ghost'"  # same answer
+
+
+def test_inference_does_not_reveal_other_models_either(tenants: TestClient) -> None:
+    r = tenants.post("/v2/models/ghost/infer", json=BODY, headers=BOLT)
+    assert r.status_code == 403 and "other" not in r.text  # no list of the models there are
+    r = tenants.post("/v1/embeddings", json={"model": "ghost", "input": "x"}, headers=BOLT)
+    assert r.status_code == 403 and "other" not in r.text
+    r = tenants.post("/v2/models/ghost/infer", json=BODY, headers=ACME)  # may use every model
+    assert r.status_code == 404 and "other" in r.json()["error"]
+
+
+def test_probes_and_server_metadata_need_no_key(tenants: TestClient) -> None:
+    for path in ("/v2/health/live", "/v2/health/ready", "/health", "/v2"):
+        assert tenants.get(path).status_code == 200, path
+
+
+def test_stats_need_a_key_and_show_the_tenants_models_unless_admin(tenants: TestClient
+                                                                   ) -> None:
+    def names(headers: dict[str, str]) -> set[str]:
+        r = tenants.get("/v2/models/stats", headers=headers)
+        assert r.status_code == 200, r.text
+        return {s["name"] for s in r.json()["model_stats"]}
+
+    assert tenants.get("/v2/models/stats").status_code == 401
+    assert names(BOLT) == {"synth"}
+    assert names(ACME) == {"synth", "other"}  # every model is acme's
+    assert names(ROOT_H) == {"synth", "other"}  # admin: every model's statistics
+    assert tenants.get("/v2/models/other/stats", headers=ROOT_H).status_code == 200
+    assert tenants.get("/v2/models/other/stats", headers=BOLT).status_code == 403
+
+
+def test_metrics_can_require_an_admin_key(tenants: TestClient) -> None:
+    assert tenants.get("/metrics").status_code == 200  # metrics_require_key is off by default
+    with client_for(server(api_keys=(*KEYS, ROOT), metrics_require_key=True)) as client:
+        r = client.get("/metrics")
+        assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+        r = client.get("/metrics", headers=ACME)
+        assert r.status_code == 403 and "admin" in r.json()["error"]
+        r = client.get("/metrics", headers=ROOT_H)
+        assert r.status_code == 200 and "sokuji_requests_total" in r.text
+
+
+def test_a_priority_cannot_rise_above_the_tenants_ceiling(tenants: TestClient) -> None:
+    from sokuji.core.request import Priority
+
+    batcher = tenants.app.inference.repo.models["synth"].batcher  # type: ignore[attr-defined]
+    seen: list[Priority] = []
+    submit = batcher.submit
+
+    async def spy(request: object) -> object:
+        seen.append(request.priority)  # type: ignore[attr-defined]
+        return await submit(request)
+
+    batcher.submit = spy
+    asks: list[tuple[dict[str, str], dict[str, object], Priority]] = [
+        (CAPD_H | {"x-sokuji-priority": "interactive"}, {}, Priority.BATCH),  # clamped
+        (CAPD_H, {"priority": 1}, Priority.BATCH),                            # clamped
+        (CAPD_H, {}, Priority.BATCH),
+        (ACME | {"x-sokuji-priority": "batch"}, {}, Priority.BATCH),
+        (ACME, {}, Priority.INTERACTIVE),
+        (BOLT | {"x-sokuji-priority": "interactive"}, {}, Priority.INTERACTIVE),  # no ceiling
+        (BOLT, {"priority": 0}, Priority.BATCH),  # Triton's 0: the tenant's default
+    ]
+    for i, (headers, params, _) in enumerate(asks):
+        body = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1],
+                            "data": [f"text {i}"]}], "parameters": params}
+        r = tenants.post(INFER, json=body, headers=headers | {"cache-control": "no-cache"})
+        assert r.status_code == 200, r.text
+    assert seen == [want for _, _, want in asks]
+
+
+def test_priority_ceiling_rules() -> None:
+    from sokuji.core.request import Priority
+    from sokuji.server.scheduling import priority
+
+    header = {"x-sokuji-priority": "interactive"}
+    assert priority(header, {}, None, "batch") is Priority.BATCH
+    assert priority(header, {}, None, "interactive") is Priority.INTERACTIVE
+    assert priority(header, {}, None, None) is Priority.INTERACTIVE
+    assert priority({}, {"priority": 2}, None, "interactive") is Priority.BATCH
+    assert priority({}, {}, "interactive", "batch") is Priority.BATCH
+    assert priority({}, {"priority": 0}, "batch", None) is Priority.BATCH

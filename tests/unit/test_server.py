@@ -67,7 +67,8 @@ def test_health_metadata_and_models(synth: TestClient) -> None:
     assert synth.get("/v2/health/ready").status_code == 200
     assert synth.get("/v2").json()["name"] == "sokuji"
     meta = synth.get("/v2/models/synth").json()
-    assert meta["inputs"] == [{"name": "text", "datatype": "BYTES", "shape": [-1]}]
+    # Triton's view of a batching model: [-1, *dims]; one string per item is dims [1].
+    assert meta["inputs"] == [{"name": "text", "datatype": "BYTES", "shape": [-1, 1]}]
     assert synth.get("/v2/models/synth/versions/1").json()["versions"] == ["1"]
     assert synth.get("/v2/models/synth/ready").status_code == 200
     assert synth.get("/v1/models").json()["data"][0]["id"] == "synth"
@@ -261,9 +262,11 @@ def test_an_unexpected_bug_is_a_logged_json_500_not_a_crash(caplog: pytest.LogCa
 @pytest.mark.parametrize(("headers", "params", "reason"), [
     ({"x-sokuji-priority": "urgent"}, {}, "priority 'urgent' is not one of"),
     ({}, {"priority": -1}, "priority -1 is not one of"),
-    ({"x-sokuji-timeout-ms": "soon"}, {}, "x-sokuji-timeout-ms 'soon' must be a number"),
-    ({"x-sokuji-timeout-ms": "0"}, {}, "must be a number of milliseconds > 0"),
-    ({}, {"timeout": "5s"}, "parameter 'timeout' '5s' must be a number of microseconds"),
+    ({"x-sokuji-timeout-ms": "soon"}, {}, "x-sokuji-timeout-ms 'soon' must be a finite number"),
+    ({"x-sokuji-timeout-ms": "0"}, {}, "must be a finite number of milliseconds > 0"),
+    ({"x-sokuji-timeout-ms": "inf"}, {}, "must be a finite number of milliseconds > 0"),
+    ({"x-sokuji-timeout-ms": "nan"}, {}, "must be a finite number of milliseconds > 0"),
+    ({}, {"timeout": "5s"}, "parameter 'timeout' '5s' must be a finite number of microseconds"),
 ])
 def test_bad_scheduling_hints(synth: TestClient, headers: dict[str, str],
                               params: dict[str, Any], reason: str) -> None:
@@ -273,6 +276,8 @@ def test_bad_scheduling_hints(synth: TestClient, headers: dict[str, str],
 
 def test_good_scheduling_hints_are_accepted(synth: TestClient) -> None:
     for headers, params in (({"x-sokuji-priority": "batch"}, {}), ({}, {"priority": 2}),
-                            ({"x-sokuji-timeout-ms": "5000"}, {}), ({}, {"timeout": 5_000_000})):
+                            ({"x-sokuji-timeout-ms": "5000"}, {}), ({}, {"timeout": 5_000_000}),
+                            # far but finite: capped at a day, never an overflow
+                            ({"x-sokuji-timeout-ms": "1e308"}, {}), ({}, {"timeout": 1e308})):
         r = synth.post(INFER, json=v2_body(["a"], parameters=params), headers=headers)
         assert r.status_code == 200, r.text

@@ -1,0 +1,173 @@
+"""The control plane, through Starlette: health, metadata, Triton's configuration and
+statistics extensions, model listing and metrics.
+
+Who may see what, when API keys are configured (with none, everything is open):
+- Health (``/v2/health/*``, ``/health``) and server metadata (``/v2``): no key. Probes and
+  load generators call them before anything else.
+- A model's metadata, readiness and configuration, and ``/v1/models``: with
+  ``models_require_key`` (the default) a key is needed, a tenant sees only its own models
+  and any other name gets 403, whether or not such a model exists (so the answer does not
+  tell). Without it they are open, as in Triton.
+- Statistics: always a key; a tenant's own models, every model for an ``admin``.
+- ``/metrics``: an ``admin`` key when ``metrics_require_key``; else open (Prometheus).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from sokuji import __version__
+from sokuji.config import ServerConfig
+from sokuji.errors import Forbidden, SokujiError
+from sokuji.models.repository import Model, ModelRepository
+from sokuji.observability.metrics import CONTENT_TYPE, Metrics
+from sokuji.server import triton, v2
+from sokuji.server.auth import Authenticator, Tenant
+from sokuji.server.http import JSON, error_reply
+
+log = logging.getLogger(__name__)
+EXTENSIONS = ("binary_tensor_data", "model_configuration", "statistics", "schedule_policy")
+"""Triton protocol extensions Sokuji implements (``schedule_policy``: the ``priority`` and
+``timeout`` request parameters)."""
+
+Handler = Callable[[Request, Exception], Awaitable[Response]]
+
+
+class ControlPlane:
+    def __init__(self, config: ServerConfig, repo: ModelRepository, metrics: Metrics,
+                 auth: Authenticator) -> None:
+        self.config = config
+        self.repo = repo
+        self.metrics = metrics
+        self.auth = auth
+
+    def routes(self) -> list[Route]:
+        m, v = "/v2/models/{model_name}", "/v2/models/{model_name}/versions/{version}"
+        get = ["GET"]
+        return [
+            Route("/v2", self.server_metadata, methods=get),
+            Route("/v2/health/live", self.live, methods=get),
+            Route("/v2/health/ready", self.ready, methods=get),
+            Route("/health", self.ready, methods=get),  # vLLM's (guidellm probes it)
+            Route("/v2/models/stats", self.stats, methods=get),  # before {model_name}
+            Route(m, self.model_metadata, methods=get),
+            Route(f"{m}/ready", self.model_ready, methods=get),
+            Route(f"{m}/config", self.model_config, methods=get),
+            Route(f"{m}/stats", self.stats, methods=get),
+            Route(v, self.model_metadata, methods=get),
+            Route(f"{v}/ready", self.model_ready, methods=get),
+            Route(f"{v}/config", self.model_config, methods=get),
+            Route(f"{v}/stats", self.stats, methods=get),
+            Route("/v1/models", self.openai_models, methods=get),
+            Route("/metrics", self.metrics_endpoint, methods=get),
+        ]
+
+    def handlers(self) -> dict[Any, Handler]:
+        return {SokujiError: self.on_sokuji_error, HTTPException: self.on_http_error,
+                Exception: self.on_unexpected}
+
+    # --- who is asking -------------------------------------------------------------------
+
+    def _guarded(self) -> bool:
+        """Model endpoints need a key and are limited to the caller's models."""
+        return self.auth.enabled and self.config.models_require_key
+
+    def _model(self, request: Request) -> Model:
+        """The model (version) the path names, once the caller may see it."""
+        p = request.path_params
+        if self._guarded():
+            self.auth.authenticate(request.headers).check_model(p["model_name"])
+        return self.repo.get(p["model_name"], p.get("version"))
+
+    # --- endpoints ---------------------------------------------------------------------
+
+    async def server_metadata(self, request: Request) -> Response:
+        return _json({"name": "sokuji", "version": __version__, "extensions": list(EXTENSIONS)})
+
+    async def live(self, request: Request) -> Response:
+        return Response(status_code=200)
+
+    async def ready(self, request: Request) -> Response:
+        return Response(status_code=200 if self.repo.ready else 503)
+
+    async def model_metadata(self, request: Request) -> Response:
+        model = self._model(request)
+        versions = triton.versions(self.repo.models[model.name])
+        return _json(v2.model_metadata(model.name, versions, triton.metadata(model)))
+
+    async def model_ready(self, request: Request) -> Response:
+        return Response(status_code=200 if self._model(request).ready else 503)
+
+    async def model_config(self, request: Request) -> Response:
+        model = self._model(request)
+        return _json(triton.model_config(model, self.repo.models[model.name],
+                                         self.config.cache.enabled))
+
+    async def stats(self, request: Request) -> Response:
+        tenant = self.auth.authenticate(request.headers)  # OPEN (admin) with no keys
+        p = request.path_params
+        name = p.get("model_name")
+        if name is None:
+            models = [m for m in self.repo.every() if tenant.admin or tenant.may_use(m.name)]
+        else:
+            if not tenant.admin:
+                tenant.check_model(name)
+            version = p.get("version")
+            models = [self.repo.get(name, version)] if version else self.repo.get(name).all()
+        return _json({"model_stats": [
+            triton.model_stats(m, self.metrics.model_stats(m.metric_name)) for m in models]})
+
+    async def openai_models(self, request: Request) -> Response:
+        tenant: Tenant | None = None
+        if self._guarded():
+            tenant = self.auth.authenticate(request.headers)
+        return _json({"object": "list", "data": [
+            {"id": name, "object": "model", "created": 0, "owned_by": "sokuji"}
+            for name in self.repo.models if tenant is None or tenant.may_use(name)]})
+
+    async def metrics_endpoint(self, request: Request) -> Response:
+        if self.auth.enabled and self.config.metrics_require_key:
+            tenant = self.auth.authenticate(request.headers)
+            if not tenant.admin:
+                raise Forbidden(f"tenant '{tenant.name}' may not read /metrics: it needs an "
+                                "API key marked admin")
+        return Response(self.metrics.render(), headers={"content-type": CONTENT_TYPE})
+
+    # --- errors --------------------------------------------------------------------------
+
+    @staticmethod
+    def _error(request: Request, status: int, code: str, message: str,
+               param: str | None = None, headers: dict[str, str] | None = None) -> Response:
+        reply = error_reply(request.url.path, status, code, message, param, headers)
+        return Response(reply.body, status_code=status, headers=reply.headers)
+
+    async def on_sokuji_error(self, request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, SokujiError)
+        return self._error(request, exc.status, exc.code, exc.message, exc.param,
+                           exc.headers)  # e.g. WWW-Authenticate on a 401
+
+    async def on_http_error(self, request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        # Starlette's 405 carries the route's Allow header, which RFC 9110 requires.
+        headers = {k.lower(): v for k, v in (exc.headers or {}).items()}
+        return self._error(request, exc.status_code, code,
+                           f"{exc.detail}: {request.method} {request.url.path}",
+                           headers=headers)
+
+    async def on_unexpected(self, request: Request, exc: Exception) -> Response:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return self._error(request, 500, "internal_error",
+                           f"internal error: {type(exc).__name__}")
+
+
+def _json(doc: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(doc), status_code=status, headers={"content-type": JSON})
