@@ -8,7 +8,9 @@ One engine thread owns the context. Each step builds one ``llama_batch``:
    long. A new request therefore joins between decode steps instead of waiting for the
    others to finish;
 
-then one ``llama_decode``, then a sample for every sequence whose row has logits. A sequence
+then one ``llama_decode``, then a sample for every sequence whose row has logits (with its
+end-of-generation logits masked to -inf first while ``ignore_eos`` or ``min_tokens`` says the
+sequence may not end yet; one integer comparison for requests without them). A sequence
 that finishes (end of generation, ``max_tokens``, a stop string, cancellation, its deadline)
 frees its slot and its KV cells at once, and the best waiting request takes the slot in the
 same step: interactive before batch-class, batch-class aging into interactive after
@@ -41,11 +43,14 @@ class EngineConfig:
     priority_aging_ms: float = 1000.0
     prefix_cache_bytes: int = 256 * 1024 * 1024
     prefix_cache_min_tokens: int = 16
+    split_small_batches: bool = True
+    """Decode a pure-decode batch row by row when that measured cheaper (see
+    ``_split_is_cheaper``); False always decodes the batch together."""
 
 
 class _Seq:
-    __slots__ = ("assembler", "generated", "next_token", "pending", "pos", "req", "sampler",
-                 "slot", "store_prefix")
+    __slots__ = ("assembler", "eog_banned_below", "generated", "min_tokens", "next_token",
+                 "pending", "pos", "req", "sampler", "slot", "store_prefix")
 
     def __init__(self, req: GenerationRequest, slot: int) -> None:
         self.req = req
@@ -58,6 +63,10 @@ class _Seq:
         self.next_token: int | None = None
         self.generated = 0
         self.store_prefix = False
+        # min_tokens / ignore_eos as plain ints: a request without them costs one integer
+        # comparison a token (``generated < 0`` is never true).
+        self.eog_banned_below = p.eog_banned_below
+        self.min_tokens = p.min_tokens
 
 
 class GenerationEngine:
@@ -227,7 +236,7 @@ class GenerationEngine:
             req.timing.admitted_ns = now_ns()
             cache = self.prefix_cache
             if cache.max_bytes > 0:
-                match = cache.lookup(req.prompt)
+                match = cache.lookup(req.prompt, req.tenant)
                 if match.state is not None and self.model.load_state(seq.slot, match.state):
                     self.model.forget(seq.slot, match.tokens)
                     seq.pos = match.tokens
@@ -236,7 +245,7 @@ class GenerationEngine:
                     req.timing.prefix_lookup = "hit"
                 else:
                     req.timing.prefix_lookup = "miss"
-                seq.store_prefix = cache.wants(req.prompt)
+                seq.store_prefix = cache.wants(req.prompt, req.tenant)
             self._active.append(seq)
 
     def _step(self) -> None:
@@ -286,6 +295,8 @@ class GenerationEngine:
                 self._finish(seq, "error", f"llama_decode failed ({rc})")
             return
         for seq, index in rows:
+            if seq.generated < seq.eog_banned_below:
+                self.model.ban_eog(index)
             self._take_token(seq, seq.sampler.sample(self.model, index))
         for seq in prefilled:  # after the first tokens went out: off their TTFT
             if seq.store_prefix and seq in self._active:
@@ -301,7 +312,8 @@ class GenerationEngine:
         """Whether ``rows`` one-row decodes measured cheaper than one ``rows``-row decode.
         (llama.cpp's Q8_0 path: a 2-row step took 28-30 ms, two 1-row steps 2 x 10.7 ms.)
         Every 32nd such step is decoded together anyway, to keep measuring."""
-        if rows < 2 or rows not in self._cost or 1 not in self._cost:
+        if not self.config.split_small_batches or rows < 2 or rows not in self._cost \
+                or 1 not in self._cost:
             return False
         self._probe[rows] = self._probe.get(rows, 0) + 1
         if self._probe[rows] % 32 == 0:
@@ -320,13 +332,16 @@ class GenerationEngine:
                 log.error("llama_decode returned %d for one token", rc)
                 self._finish(seq, "error", f"llama_decode failed ({rc})")
                 continue
+            if seq.generated < seq.eog_banned_below:
+                self.model.ban_eog(0)
             self._take_token(seq, seq.sampler.sample(self.model, 0))
         self.split_steps += 1
 
     def _store_prefix(self, seq: _Seq) -> None:
         """Keep the KV state of the prompt alone (cells from the first generated token on
         are not yet written: that token is fed in the next step)."""
-        self.prefix_cache.store(seq.req.prompt, self.model.save_state(seq.slot))
+        self.prefix_cache.store(seq.req.prompt, seq.req.tenant,
+                                self.model.save_state(seq.slot))
         seq.store_prefix = False
 
     def _take_token(self, seq: _Seq, token: int) -> None:
@@ -335,11 +350,14 @@ class GenerationEngine:
         if not timing.first_token_ns:
             timing.first_token_ns = t
         timing.token_ns.append(t)
-        if self.model.is_eog(token):
+        if self.model.is_eog(token):  # (never while banned: its logit was -inf)
             self._finish(seq, "stop")
             return
         seq.generated += 1
-        text = seq.assembler.add(self.model.piece(token))
+        if seq.generated < seq.min_tokens:  # stop strings cannot end it yet
+            text = seq.assembler.add_unchecked(self.model.piece(token))
+        else:
+            text = seq.assembler.add(self.model.piece(token))
         if text:
             req.push(Delta(text, seq.generated))
         if seq.assembler.stopped:

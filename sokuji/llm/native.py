@@ -129,6 +129,23 @@ class LlamaModel:
         self.eos = self._piece_text(L.llama_vocab_eos(self.vocab))
         raw = L.llama_model_chat_template(self.model, None)
         self.chat_template: str | None = raw.decode("utf-8") if raw else None
+        self.eog_ids, self.max_piece_bytes = self._scan_vocab()
+        self.lossless = int(L.llama_vocab_type(self.vocab)) in (L.LLAMA_VOCAB_TYPE_SPM,
+                                                               L.LLAMA_VOCAB_TYPE_BPE)
+        """Whether every input byte ends up in some token's piece (byte-level BPE, SPM), so
+        that a text of N bytes needs at least N / ``max_piece_bytes`` tokens. WPM and UGM
+        normalise (drop or merge whitespace), so no such bound holds for them."""
+
+    def _scan_vocab(self) -> tuple[np.ndarray, int]:
+        """The end-of-generation token ids, and the longest token's text in bytes (special
+        tokens as written, since prompts are tokenised with special tokens parsed)."""
+        eog, longest = [], 1
+        is_eog = _llama().llama_vocab_is_eog
+        for token in range(self.n_vocab):
+            if is_eog(self.vocab, token):
+                eog.append(token)
+            longest = max(longest, len(self.piece(token, special=True)))
+        return np.asarray(eog, dtype=np.int64), longest
 
     def _piece_text(self, token: int) -> str:
         return self.piece(token, special=True).decode("utf-8", "replace") if token >= 0 else ""
@@ -189,6 +206,13 @@ class LlamaModel:
     def logits(self, index: int) -> np.ndarray:
         ptr = _llama().llama_get_logits_ith(self.ctx, index)
         return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+
+    def ban_eog(self, index: int) -> None:
+        """Mask the end-of-generation tokens out of batch row ``index``'s logits, in place,
+        before it is sampled: greedy takes the argmax of the others, and llama.cpp's
+        sampler chain reads the same buffer (llama.cpp's server does ``ignore_eos`` so)."""
+        if len(self.eog_ids):
+            self.logits(index)[self.eog_ids] = -np.inf
 
     def close(self) -> None:
         L = _llama()

@@ -20,6 +20,18 @@ class SamplingParams:
     top_p: float = 1.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    min_tokens: int = 0
+    """End-of-generation tokens are masked out, and stop strings not looked for, until this
+    many tokens are generated (vLLM's ``min_tokens``)."""
+    ignore_eos: bool = False
+    """End-of-generation tokens are masked out for the whole generation: it runs to
+    ``max_tokens`` unless a stop string ends it (vLLM's and llama.cpp's ``ignore_eos``)."""
+
+    @property
+    def eog_banned_below(self) -> int:
+        """End-of-generation tokens may not be sampled while fewer tokens than this have
+        been generated (0: never banned, the common case, which costs one comparison)."""
+        return self.max_tokens if self.ignore_eos else self.min_tokens
 
 
 @dataclass
@@ -85,8 +97,10 @@ class GenerationRequest:
     def __init__(self, model: str, prompt: list[int], params: SamplingParams,
                  loop: asyncio.AbstractEventLoop, arrival_ns: int,
                  priority: Priority = Priority.INTERACTIVE, deadline_ns: int | None = None,
-                 ) -> None:
+                 tenant: str = "") -> None:
         self.model = model
+        self.tenant = tenant
+        """Whose request this is: the prefix cache only reuses a tenant's own prompts."""
         self.prompt = prompt
         self.params = params
         self.priority = priority
@@ -129,12 +143,22 @@ class TextAssembler:
         self.text = ""
         self.sent = 0
         self.stopped = False
+        self.floor = 0
+        """A stop string counts only where it begins at or after this character: text added
+        with ``add_unchecked`` (before ``min_tokens``) can never end the sequence."""
+
+    def add_unchecked(self, piece: bytes) -> str:
+        """Append a token's bytes without looking for stop strings (the sequence has not
+        reached ``min_tokens`` yet); everything decoded so far is released."""
+        self.text += self._decoder.decode(piece)
+        self.floor = len(self.text)
+        return self._release(len(self.text))
 
     def add(self, piece: bytes) -> str:
         """Append a token's bytes; returns the text that may be released now."""
         self.text += self._decoder.decode(piece)
         if self.stop:
-            start = max(0, self.sent - max(len(s) for s in self.stop))
+            start = max(self.floor, self.sent - max(len(s) for s in self.stop))
             hits = [i for i in (self.text.find(s, start) for s in self.stop) if i >= 0]
             if hits:
                 self.text = self.text[:min(hits)]

@@ -15,6 +15,9 @@ Options (``[models.options]``), all optional:
   file's after a few dozen tokens on most prompts (rounding, not quality: measured in
   BENCHMARKS.md). Output is not traded for speed without the user asking;
 - ``chat_template``: a Jinja template to use instead of the GGUF's own;
+- ``split_small_batches`` (true): decode a pure-decode batch row by row whenever that measured
+  cheaper than decoding it together (llama.cpp's 2-row Q8_0 step); false always batches
+  (the choice depends on timing, so tests that count batching turn it off);
 - ``flash_attn`` (true): llama.cpp's fused attention; ~25% more tokens/s at 8 sequences here.
   It changes the arithmetic slightly: greedy text equals llama.cpp's own only with the same
   setting (llama-cpp-python's ``Llama`` defaults to off).
@@ -50,6 +53,7 @@ class LlamaOptions:
     requantize: str = ""
     chat_template: str = ""
     flash_attn: bool = True
+    split_small_batches: bool = True
 
     @classmethod
     def parse(cls, raw: Mapping[str, Any], prefix: str) -> LlamaOptions:
@@ -118,11 +122,14 @@ class LlamaRuntime:
         self.engine: Any = None
         self.chat: Any = None
         self.model: Any = None
+        self.prompts: Any = None
+        """``llm.prompt.PromptBuilder``: request text -> prompt tokens within the limits."""
 
     def load(self) -> None:
         from sokuji.llm import native
         from sokuji.llm.chat import ChatTemplate
         from sokuji.llm.engine import EngineConfig, GenerationEngine
+        from sokuji.llm.prompt import PromptBuilder
 
         o = self.options
         path = native.requantized(self.source, o.requantize, self.cache_dir)
@@ -132,11 +139,13 @@ class LlamaRuntime:
         self.model = native.LlamaModel(path, shape)
         self.chat = ChatTemplate(o.chat_template or self.model.chat_template,
                                  self.model.bos, self.model.eos)
+        self.prompts = PromptBuilder(self.name, self.model, self.chat, o)
         self.engine = GenerationEngine(self.name, self.model, EngineConfig(
             n_batch=o.n_batch, prefill_chunk=o.prefill_chunk,
             max_queue_depth=self.max_queue_depth, priority_aging_ms=self.priority_aging_ms,
             prefix_cache_bytes=o.prefix_cache_mb * 1024 * 1024,
-            prefix_cache_min_tokens=o.prefix_cache_min_tokens))
+            prefix_cache_min_tokens=o.prefix_cache_min_tokens,
+            split_small_batches=o.split_small_batches))
 
     def warmup(self) -> None:
         self.engine.warmup()

@@ -2,7 +2,11 @@
 
 Every field the OpenAI API defines is either honoured or refused with a 400 that names it;
 unknown fields are refused too, so a client never silently gets something else than it
-asked for.
+asked for. Beyond OpenAI's fields, the vLLM extensions that load generators send are
+honoured: ``ignore_eos`` and ``min_tokens`` (guidellm, genai-perf / aiperf ``--extra-inputs``),
+``stream_options.continuous_usage_stats`` (guidellm), and NVIDIA's ``nvext.ignore_eos``
+(genai-perf recipes for NIM and Triton); any other key of ``stream_options`` or ``nvext`` is
+refused by name.
 """
 
 from __future__ import annotations
@@ -21,7 +25,10 @@ from sokuji.server.v2 import parse_json
 
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "stop", "seed", "n", "stream",
            "stream_options", "user", "presence_penalty", "frequency_penalty", "logprobs",
-           "logit_bias", "top_logprobs"}
+           "logit_bias", "top_logprobs",
+           "ignore_eos", "min_tokens", "nvext"}  # vLLM / NVIDIA extensions
+_STREAM_OPTIONS = ("include_usage", "continuous_usage_stats")
+_NVEXT = ("ignore_eos",)
 _CHAT = _COMMON | {"messages", "max_completion_tokens", "response_format", "tools",
                    "tool_choice", "parallel_tool_calls", "store", "metadata"}
 _TEXT = _COMMON | {"prompt", "echo", "best_of", "suffix"}
@@ -34,12 +41,20 @@ class CompletionRequest:
     messages: list[dict[str, str]] | None
     prompt: str | list[int] | None
     max_tokens: int | None
+    max_tokens_field: str
+    """The field ``max_tokens`` came from (errors name it): max_tokens or
+    max_completion_tokens."""
+    min_tokens: int
+    ignore_eos: bool
     temperature: float
     top_p: float
     stop: tuple[str, ...]
     seed: int | None
     stream: bool
     include_usage: bool
+    """A last chunk with the whole usage (``stream_options.include_usage``)."""
+    continuous_usage: bool
+    """Usage so far in every chunk (``stream_options.continuous_usage_stats``, vLLM)."""
 
 
 def _number(doc: dict[str, Any], key: str, default: float, lo: float, hi: float,
@@ -60,6 +75,30 @@ def _int(doc: dict[str, Any], key: str) -> int | None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidInput(f"'{key}' must be an integer, got {value!r}", param=key)
+    return value
+
+
+def _flag(doc: dict[str, Any], key: str, where: str = "") -> bool:
+    value = doc.get(key)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise InvalidInput(f"'{where}{key}' must be a boolean, got {value!r}",
+                           param=where + key)
+    return value
+
+
+def _options(doc: dict[str, Any], key: str, known: tuple[str, ...]) -> dict[str, Any]:
+    """An object-valued field whose keys are all known (each unknown one: 400 by name)."""
+    value = doc.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InvalidInput(f"'{key}' must be an object, got {value!r}", param=key)
+    extra = sorted(set(value) - set(known))
+    if extra:
+        raise InvalidInput(f"'{key}.{extra[0]}' is not supported; '{key}' takes: "
+                           f"{', '.join(known)}", param=f"{key}.{extra[0]}")
     return value
 
 
@@ -108,12 +147,27 @@ def decode(body: bytes, chat: bool) -> CompletionRequest:
         _refuse_unless(doc, "best_of", (None, 1), "only best_of=1 is served")
         _refuse_unless(doc, "suffix", (None,), "insertion (suffix) is not implemented")
     max_tokens = _int(doc, "max_tokens")
+    max_key = "max_tokens"
     if chat and doc.get("max_completion_tokens") is not None:
         max_tokens = _int(doc, "max_completion_tokens")
+        max_key = "max_completion_tokens"
     if max_tokens is not None and max_tokens < 1:
-        key = "max_completion_tokens" if chat and "max_completion_tokens" in doc \
-            else "max_tokens"
-        raise InvalidInput(f"'{key}' must be at least 1, got {max_tokens}", param=key)
+        raise InvalidInput(f"'{max_key}' must be at least 1, got {max_tokens}", param=max_key)
+    min_tokens = _int(doc, "min_tokens") or 0
+    if min_tokens < 0:
+        raise InvalidInput(f"'min_tokens' must be at least 0, got {min_tokens}",
+                           param="min_tokens")
+    if max_tokens is not None and min_tokens > max_tokens:
+        raise InvalidInput(f"'min_tokens' {min_tokens} exceeds '{max_key}' {max_tokens}",
+                           param="min_tokens")
+    ignore_eos = _flag(doc, "ignore_eos")
+    nvext = _options(doc, "nvext", _NVEXT)
+    if "ignore_eos" in nvext:
+        nv_ignore = _flag(nvext, "ignore_eos", "nvext.")
+        if doc.get("ignore_eos") is not None and nv_ignore != ignore_eos:
+            raise InvalidInput("'ignore_eos' and 'nvext.ignore_eos' disagree",
+                               param="nvext.ignore_eos")
+        ignore_eos = nv_ignore
     stop_raw = doc.get("stop")
     if stop_raw is None:
         stop: tuple[str, ...] = ()
@@ -130,24 +184,28 @@ def decode(body: bytes, chat: bool) -> CompletionRequest:
     stream = doc.get("stream", False)
     if not isinstance(stream, bool) and stream is not None:
         raise InvalidInput(f"'stream' must be a boolean, got {stream!r}", param="stream")
-    options = doc.get("stream_options")
-    if options is not None and (not isinstance(options, dict) or not stream):
-        raise InvalidInput("'stream_options' must be an object, and only with stream=true",
-                           param="stream_options")
+    options = _options(doc, "stream_options", _STREAM_OPTIONS)
+    if "stream_options" in doc and doc["stream_options"] is not None and not stream:
+        raise InvalidInput("'stream_options' is only allowed with stream=true (as OpenAI "
+                           "and vLLM answer)", param="stream_options")
     return CompletionRequest(
         chat=chat, model=model, messages=messages, prompt=prompt, max_tokens=max_tokens,
+        max_tokens_field=max_key, min_tokens=min_tokens, ignore_eos=ignore_eos,
         temperature=_number(doc, "temperature", 1.0, 0.0, 2.0),
         top_p=_number(doc, "top_p", 1.0, 0.0, 1.0, lo_open=True), stop=stop,
         seed=_int(doc, "seed"), stream=bool(stream),
-        include_usage=bool((options or {}).get("include_usage", False)))
+        include_usage=_flag(options, "include_usage", "stream_options."),
+        continuous_usage=_flag(options, "continuous_usage_stats", "stream_options."))
 
 
 class Encoder:
     """Response bodies of one completion (one id, one creation time)."""
 
-    def __init__(self, req: CompletionRequest, model: str) -> None:
+    def __init__(self, req: CompletionRequest, model: str, timing: Timing) -> None:
         self.chat = req.chat
         self.model = model
+        self.timing = timing
+        self.continuous = req.stream and req.continuous_usage
         self.id = ("chatcmpl-" if req.chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
         self.object = "chat.completion" if req.chat else "text_completion"
@@ -161,14 +219,17 @@ class Encoder:
     def whole(self, text: str, reason: str, timing: Timing, completion_tokens: int) -> bytes:
         choice: dict[str, Any] = {"index": 0, "finish_reason": reason, "logprobs": None}
         if self.chat:
-            choice["message"] = {"role": "assistant", "content": text}
+            choice["message"] = {"role": "assistant", "content": text, "refusal": None}
         else:
             choice["text"] = text
         return orjson.dumps({"id": self.id, "object": self.object, "created": self.created,
                              "model": self.model, "choices": [choice],
                              "usage": self.usage(timing, completion_tokens)})
 
-    def chunk(self, text: str | None, reason: str | None = None, role: bool = False) -> bytes:
+    def chunk(self, text: str | None, reason: str | None = None, role: bool = False,
+              tokens: int = 0) -> bytes:
+        """One streamed chunk; with ``continuous_usage_stats`` it carries the usage after
+        ``tokens`` generated tokens."""
         choice: dict[str, Any] = {"index": 0, "finish_reason": reason, "logprobs": None}
         if self.chat:
             delta: dict[str, Any] = {"role": "assistant"} if role else {}
@@ -178,8 +239,11 @@ class Encoder:
         else:
             choice["text"] = text or ""
         obj = "chat.completion.chunk" if self.chat else "text_completion"
-        return self._event({"id": self.id, "object": obj, "created": self.created,
-                            "model": self.model, "choices": [choice]})
+        doc = {"id": self.id, "object": obj, "created": self.created, "model": self.model,
+               "choices": [choice]}
+        if self.continuous:
+            doc["usage"] = self.usage(self.timing, tokens)
+        return self._event(doc)
 
     def usage_chunk(self, timing: Timing, completion_tokens: int) -> bytes:
         obj = "chat.completion.chunk" if self.chat else "text_completion"

@@ -76,3 +76,11 @@ def test_row_by_row_decoding_gives_each_sequence_its_own_logits() -> None:
         assert [s.pos for s in seqs] == [3, 3]
     finally:
         loop.close()
+
+
+def test_split_can_be_turned_off() -> None:
+    eng = GenerationEngine("m", FakeModel(), EngineConfig(  # type: ignore[arg-type]
+        prefix_cache_bytes=0, split_small_batches=False))
+    eng._learn(1, 0.010)
+    eng._learn(2, 0.030)
+    assert not any(eng._split_is_cheaper(2) for _ in range(8))

@@ -1,12 +1,14 @@
-"""The LLM path's pure parts: text assembly (UTF-8, stop strings), the prefix cache's
-bookkeeping, request validation, and the llama runtime's options."""
+"""The LLM path's pure parts: text assembly (UTF-8, stop strings, min_tokens), the prefix
+cache's bookkeeping (per tenant), request validation (with the vLLM extensions), prompt
+limits (sizes before tokenising), and the llama runtime's options."""
 
 from __future__ import annotations
 
 import pytest
 
 from sokuji.errors import ConfigError, InvalidInput
-from sokuji.llm.prefix_cache import PrefixCache
+from sokuji.llm.prefix_cache import Match, PrefixCache
+from sokuji.llm.prompt import PromptBuilder
 from sokuji.llm.request import TextAssembler
 from sokuji.llm.runtime import LlamaOptions
 from sokuji.server import llm_codec
@@ -42,48 +44,70 @@ def test_earliest_of_several_stops_wins() -> None:
     assert "".join(feed(asm, [b"xxab"])) == "xx"
 
 
+T = "tenant-a"
+
+
 def test_prefix_cache_finds_the_longest_common_prefix() -> None:
     cache = PrefixCache(max_bytes=1000, min_tokens=2)
-    cache.store([1, 2, 3, 4], b"s1")
-    cache.store([1, 2, 9, 9, 9], b"s2")
-    m = cache.lookup([1, 2, 3, 4, 5, 6])
+    cache.store([1, 2, 3, 4], T, b"s1")
+    cache.store([1, 2, 9, 9, 9], T, b"s2")
+    m = cache.lookup([1, 2, 3, 4, 5, 6], T)
     assert (m.tokens, m.state) == (4, b"s1")
-    m = cache.lookup([1, 2, 9, 9, 7])
+    m = cache.lookup([1, 2, 9, 9, 7], T)
     assert (m.tokens, m.state) == (4, b"s2")
-    assert cache.lookup([7, 7, 7]).state is None
+    assert cache.lookup([7, 7, 7], T).state is None
     assert (cache.hits, cache.misses, cache.reused_tokens) == (2, 1, 8)
 
 
 def test_prefix_cache_leaves_the_last_prompt_token_to_decode() -> None:
     cache = PrefixCache(max_bytes=1000, min_tokens=2)
-    cache.store([1, 2, 3, 4], b"s")
-    assert cache.lookup([1, 2, 3, 4]).tokens == 3
+    cache.store([1, 2, 3, 4], T, b"s")
+    assert cache.lookup([1, 2, 3, 4], T).tokens == 3
 
 
 def test_prefix_cache_replaces_prefixes_and_skips_covered_prompts() -> None:
     cache = PrefixCache(max_bytes=1000, min_tokens=2)
-    cache.store([1, 2, 3], b"abc")
-    assert not cache.wants([1, 2, 3]) and not cache.wants([1, 2])
-    assert cache.wants([1, 2, 3, 4])
-    cache.store([1, 2, 3, 4], b"abcd")
+    cache.store([1, 2, 3], T, b"abc")
+    assert not cache.wants([1, 2, 3], T) and not cache.wants([1, 2], T)
+    assert cache.wants([1, 2, 3, 4], T)
+    cache.store([1, 2, 3, 4], T, b"abcd")
     assert len(cache) == 1 and cache.bytes == 4
 
 
 def test_prefix_cache_evicts_least_recently_used_within_its_bound() -> None:
     cache = PrefixCache(max_bytes=10, min_tokens=1)
-    cache.store([1, 1], b"aaaa")
-    cache.store([2, 2], b"bbbb")
-    cache.lookup([1, 1, 5])  # touches the first
-    cache.store([3, 3], b"cccc")
+    cache.store([1, 1], T, b"aaaa")
+    cache.store([2, 2], T, b"bbbb")
+    cache.lookup([1, 1, 5], T)  # touches the first
+    cache.store([3, 3], T, b"cccc")
     assert cache.bytes <= 10 and cache.evictions == 1
-    assert cache.lookup([2, 2, 5]).state is None
-    assert cache.lookup([1, 1, 5]).state == b"aaaa"
+    assert cache.lookup([2, 2, 5], T).state is None
+    assert cache.lookup([1, 1, 5], T).state == b"aaaa"
 
 
 def test_prefix_cache_off_or_short_prompt_is_a_miss() -> None:
-    assert PrefixCache(max_bytes=0).lookup(list(range(100))).state is None
-    assert not PrefixCache(max_bytes=0).wants(list(range(100)))
-    assert PrefixCache(max_bytes=100, min_tokens=16).lookup([1, 2, 3]).state is None
+    assert PrefixCache(max_bytes=0).lookup(list(range(100)), T).state is None
+    assert not PrefixCache(max_bytes=0).wants(list(range(100)), T)
+    assert PrefixCache(max_bytes=100, min_tokens=16).lookup([1, 2, 3], T).state is None
+
+
+def test_prefix_cache_only_matches_the_tenants_own_prompts() -> None:
+    cache = PrefixCache(max_bytes=1000, min_tokens=2)
+    cache.store([1, 2, 3, 4], "a", b"secret")
+    assert cache.lookup([1, 2, 3, 4, 5], "b") == Match(0, None)  # not even a partial match
+    assert cache.wants([1, 2, 3], "b")  # b stores its own copy; a's does not cover it
+    cache.store([1, 2, 3, 4, 5], "b", b"bs")
+    assert cache.lookup([1, 2, 3, 4, 5, 6], "a") == Match(4, b"secret")  # a's entry kept
+    assert cache.lookup([1, 2, 3, 4, 5, 6], "b") == Match(5, b"bs")
+    assert len(cache) == 2 and cache.bytes == 8
+
+
+def test_prefix_cache_eviction_across_tenants_leaves_no_empty_tenants() -> None:
+    cache = PrefixCache(max_bytes=8, min_tokens=1)
+    for i in range(5):
+        cache.store([i, i], f"t{i}", b"xxxx")
+    assert cache.bytes <= 8 and len(cache) == 2
+    assert set(cache._arrays) == {"t3", "t4"}
 
 
 def chat_body(**fields: object) -> bytes:
@@ -149,3 +173,136 @@ def test_llama_options_validate() -> None:
                 {"slots": 100}, {"slots": 8, "n_batch": 4}):
         with pytest.raises(ConfigError):
             LlamaOptions.parse(bad, "o")
+
+
+# -- min_tokens: stop strings in text before it do not count ---------------------------------
+def test_stop_strings_are_not_looked_for_in_text_added_unchecked() -> None:
+    asm = TextAssembler(("STOP",))
+    assert asm.add_unchecked(b"one STOP ") == "one STOP "  # all released, nothing cut
+    assert not asm.stopped
+    assert asm.add(b"tw") == "tw" and asm.add(b"o ST") == "o "  # "ST" held: may begin one
+    assert asm.add(b"OP three") == "" and asm.stopped
+    assert asm.text == "one STOP two "
+
+
+def test_a_stop_straddling_the_unchecked_text_does_not_count() -> None:
+    asm = TextAssembler(("ab",))
+    asm.add_unchecked(b"xa")
+    assert asm.add(b"b") == "b" and not asm.stopped  # its "a" came before min_tokens
+    assert asm.add(b"ab") == "" and asm.stopped
+
+
+# -- the vLLM extensions load generators send -------------------------------------------------
+def test_vllm_extensions_decode() -> None:
+    req = llm_codec.decode(chat_body(max_completion_tokens=9, ignore_eos=True, min_tokens=4,
+                                     stop=None, stream=True, stream_options={
+                                         "include_usage": True,
+                                         "continuous_usage_stats": True}), chat=True)
+    assert (req.max_tokens, req.max_tokens_field, req.min_tokens, req.ignore_eos) == \
+        (9, "max_completion_tokens", 4, True)
+    assert (req.include_usage, req.continuous_usage, req.stop) == (True, True, ())
+    plain = llm_codec.decode(chat_body(), chat=True)
+    assert (plain.min_tokens, plain.ignore_eos, plain.continuous_usage) == (0, False, False)
+    nv = llm_codec.decode(chat_body(nvext={"ignore_eos": True}), chat=True)
+    assert nv.ignore_eos
+
+
+@pytest.mark.parametrize(("fields", "param"), [
+    ({"ignore_eos": "yes"}, "ignore_eos"),
+    ({"ignore_eos": 1}, "ignore_eos"),
+    ({"min_tokens": -1}, "min_tokens"),
+    ({"min_tokens": 1.5}, "min_tokens"),
+    ({"min_tokens": True}, "min_tokens"),
+    ({"min_tokens": 8, "max_tokens": 4}, "min_tokens"),
+    ({"min_tokens": 8, "max_completion_tokens": 4}, "min_tokens"),
+    ({"stream": True, "stream_options": {"continuous_usage_stats": "on"}},
+     "stream_options.continuous_usage_stats"),
+    ({"stream": True, "stream_options": {"include_usage": 1}}, "stream_options.include_usage"),
+    ({"stream": True, "stream_options": {"bogus": True}}, "stream_options.bogus"),
+    ({"stream": True, "stream_options": []}, "stream_options"),
+    ({"stream_options": {"include_usage": True}}, "stream_options"),
+    ({"nvext": {"top_k": 3}}, "nvext.top_k"),
+    ({"nvext": {"ignore_eos": "x"}}, "nvext.ignore_eos"),
+    ({"nvext": {"ignore_eos": False}, "ignore_eos": True}, "nvext.ignore_eos"),
+    ({"nvext": 1}, "nvext"),
+])
+def test_vllm_extension_errors_name_the_field(fields: dict[str, object], param: str) -> None:
+    with pytest.raises(InvalidInput) as exc:
+        llm_codec.decode(chat_body(**fields), chat=True)
+    assert exc.value.param == param and param.split(".")[-1] in exc.value.message
+
+
+# -- prompt limits: sizes before tokenising ---------------------------------------------------
+class CountingModel:
+    """A tokenizer stand-in: one token per 4 bytes; counts its calls."""
+
+    n_vocab = 100
+    max_piece_bytes = 4
+    lossless = True
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def tokenize(self, text: str, add_special: bool) -> list[int]:
+        self.calls += 1
+        data = text.encode()
+        return [1] * ((len(data) + 3) // 4)
+
+
+class Chat:
+    def render(self, messages: list[dict[str, str]]) -> str:
+        return "".join(m["content"] for m in messages)
+
+
+def builder(model: CountingModel | None = None) -> PromptBuilder:
+    opts = LlamaOptions.parse({"context_size": 101, "max_new_tokens": 50}, "o")
+    return PromptBuilder("m", model or CountingModel(), Chat(), opts)
+
+
+def test_a_text_that_cannot_fit_is_refused_without_tokenising() -> None:
+    model = CountingModel()
+    b = builder(model)
+    assert b.max_prompt_bytes == 100 * 4
+    for text in ("x" * 401, "€" * 134, "x" * 3_000_000):  # 401, 402, 3e6 bytes
+        with pytest.raises(InvalidInput, match="more than 400 bytes") as exc:
+            b.tokens(text=text)
+        assert exc.value.param == "prompt" and "at most 100 prompt tokens" in exc.value.message
+    with pytest.raises(InvalidInput, match="rendered by the chat template") as exc:
+        b.tokens(messages=[{"role": "user", "content": "y" * 500}])
+    assert exc.value.param == "messages"
+    assert model.calls == 0
+    assert len(b.tokens(text="x" * 400)) == 100 and model.calls == 1  # the bound is exact
+
+
+def test_the_byte_bound_is_off_for_tokenizers_that_drop_input() -> None:
+    model = CountingModel()
+    model.lossless = False
+    b = builder(model)
+    assert b.max_prompt_bytes is None
+    with pytest.raises(InvalidInput, match="has 750 tokens"):
+        b.tokens(text="x" * 3000)
+    assert model.calls == 1
+
+
+def test_token_ids_are_counted_before_they_are_checked() -> None:
+    b = builder()
+    with pytest.raises(InvalidInput, match="has 101 tokens"):
+        b.tokens(token_ids=[10**9] * 101)
+    with pytest.raises(InvalidInput, match="outside the vocabulary"):
+        b.tokens(token_ids=[5, 100])
+    with pytest.raises(InvalidInput, match="empty"):
+        b.tokens(text="")
+
+
+def test_sampling_limits_name_the_field() -> None:
+    b = builder()
+    p = b.sampling(10, chat=False, max_tokens=None, min_tokens=5, ignore_eos=True)
+    assert (p.max_tokens, p.min_tokens, p.ignore_eos, p.eog_banned_below) == (50, 5, True, 50)
+    assert b.sampling(95, chat=False, max_tokens=None).max_tokens == 7  # the context left
+    assert b.sampling(10, chat=False, max_tokens=20, min_tokens=3).eog_banned_below == 3
+    with pytest.raises(InvalidInput) as exc:
+        b.sampling(95, chat=False, max_tokens=None, min_tokens=8)
+    assert exc.value.param == "min_tokens" and "room for (7)" in exc.value.message
+    with pytest.raises(InvalidInput) as exc:
+        b.sampling(10, chat=True, max_tokens=60, max_tokens_field="max_completion_tokens")
+    assert exc.value.param == "max_completion_tokens"
