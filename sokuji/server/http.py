@@ -43,12 +43,14 @@ async def read_body(receive: Receive, headers: Headers, limit: int) -> bytes:
         try:
             size = int(declared)
         except ValueError:
-            raise BadRequest(f"Content-Length {declared!r} is not an integer") from None
+            size = -1
+        if size < 0:
+            raise BadRequest(f"Content-Length {declared!r} is not a non-negative integer")
         if size > limit:
             raise PayloadTooLarge(f"request body of {size} bytes exceeds the limit of "
                                   f"{limit} bytes")
-    encoding = headers.get("content-encoding", "identity").lower()
-    if encoding != "identity":
+    encoding = headers.get("content-encoding", "").strip().lower()
+    if encoding not in ("", "identity"):
         raise UnsupportedMediaType(f"Content-Encoding {encoding!r} is not supported; "
                                    "send the body uncompressed")
     message = await receive()

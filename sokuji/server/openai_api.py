@@ -10,7 +10,7 @@ import numpy as np
 import orjson
 
 from sokuji.errors import InvalidInput, TooManyItems
-from sokuji.server.v2 import parse_json
+from sokuji.server.v2 import brief, parse_json
 
 _FIELDS = {"input", "model", "encoding_format", "dimensions", "user"}
 FORMATS = ("float", "base64")
@@ -52,11 +52,15 @@ def decode_embeddings(body: bytes) -> EmbeddingsRequest:
         raise InvalidInput("'input' is an empty list: nothing to embed", param="input")
     fmt = doc.get("encoding_format", "float")
     if fmt not in FORMATS:
-        raise InvalidInput(f"'encoding_format' {fmt!r} is not one of: {', '.join(FORMATS)}",
+        raise InvalidInput(f"'encoding_format' {brief(fmt)} is not one of: {', '.join(FORMATS)}",
                            param="encoding_format")
     dims = doc.get("dimensions")
-    if dims is not None and (not isinstance(dims, int) or isinstance(dims, bool)):
-        raise InvalidInput(f"'dimensions' must be an integer, got {dims!r}", param="dimensions")
+    if dims is not None and (not isinstance(dims, int) or isinstance(dims, bool) or dims < 1):
+        raise InvalidInput(f"'dimensions' must be a positive integer, got {dims!r}",
+                           param="dimensions")
+    user = doc.get("user")
+    if user is not None and not isinstance(user, str):
+        raise InvalidInput(f"'user' must be a string, got {type(user).__name__}", param="user")
     return EmbeddingsRequest(model=model, texts=texts, encoding_format=fmt, dimensions=dims)
 
 
