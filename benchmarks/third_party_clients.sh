@@ -27,14 +27,20 @@ SERVER_CORE=${SERVER_CORE:-0}
 CLIENT_CORE=${CLIENT_CORE:-1}
 PYTHON=${PYTHON:-python3}
 SOKUJI_PY=${SOKUJI_PY:-$ROOT/.venv/bin/python}
-DEBIAN_MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
+# debootstrap uses the Debian mirror this machine's apt is configured with (or DEBIAN_MIRROR).
+apt_mirror() {
+    { grep -hE '^(URIs:|deb )' /etc/apt/sources.list.d/*.sources /etc/apt/sources.list \
+        2>/dev/null || true; } | grep -v security | head -1 \
+        | sed -E 's/^URIs: //; s/^deb (\[[^]]*\] )?//; s/ .*//'
+}
+DEBIAN_MIRROR=${DEBIAN_MIRROR:-$(apt_mirror)}
 PA_VERSION=2.60.0
 GENAI_PERF_VERSION=0.0.16
 GUIDELLM_VERSION=0.8.1
 TORCH_VERSION=2.13.0
 # guidellm needs torch; PyPI's default build pulls CUDA (GBs). The CPU wheel must come from a
-# local wheel directory (pip's find-links) or an index given here, e.g.
-# TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu".
+# local wheel directory (pip's find-links) or a CPU-only index given here, e.g.
+# TORCH_PIP_ARGS="--index-url <your CPU wheel index>".
 TORCH_PIP_ARGS=${TORCH_PIP_ARGS:---no-index}
 
 TRIXIE=$TOOLS/trixie
