@@ -26,15 +26,17 @@ Options (``[models.options]``), all optional:
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+from sokuji.core.model import ModelMetadata, TensorSpec
+from sokuji.errors import ConfigError
 
-from sokuji.errors import ConfigError, InvalidInput
-from sokuji.runtimes.base import ModelMetadata, Prepared, TensorSpec
+if TYPE_CHECKING:
+    from sokuji.llm.engine import GenerationEngine
+    from sokuji.llm.prompt import PromptBuilder
 
 SMOLLM2 = "smollm2"
 
@@ -102,10 +104,12 @@ def default_threads() -> int:
 
 
 class LlamaRuntime:
-    """Loads the GGUF and builds the engine; the server talks to ``engine`` directly."""
+    """Loads the GGUF and builds its prompt rules and engine (not an encoder ``Runtime``:
+    ``llm/generator.py`` serves it under the model contract)."""
 
     def __init__(self, name: str, path: str | None, options: Mapping[str, Any],
-                 cache_dir: str, max_queue_depth: int, priority_aging_ms: float) -> None:
+                 cache_dir: str, max_queue_depth: int, priority_aging_ms: float,
+                 max_concurrency: int = 0) -> None:
         from sokuji.llm import native
 
         builtin = path is None and name == SMOLLM2
@@ -119,10 +123,11 @@ class LlamaRuntime:
         self.cache_dir = cache_dir
         self.max_queue_depth = max_queue_depth
         self.priority_aging_ms = priority_aging_ms
-        self.engine: Any = None
+        self.max_concurrency = max_concurrency
+        self.engine: GenerationEngine = None  # type: ignore[assignment]  # set by load()
         self.chat: Any = None
         self.model: Any = None
-        self.prompts: Any = None
+        self.prompts: PromptBuilder = None  # type: ignore[assignment]  # set by load()
         """``llm.prompt.PromptBuilder``: request text -> prompt tokens within the limits."""
 
     def load(self) -> None:
@@ -142,7 +147,8 @@ class LlamaRuntime:
         self.prompts = PromptBuilder(self.name, self.model, self.chat, o)
         self.engine = GenerationEngine(self.name, self.model, EngineConfig(
             n_batch=o.n_batch, prefill_chunk=o.prefill_chunk,
-            max_queue_depth=self.max_queue_depth, priority_aging_ms=self.priority_aging_ms,
+            max_queue_depth=self.max_queue_depth, max_concurrency=self.max_concurrency,
+            priority_aging_ms=self.priority_aging_ms,
             prefix_cache_bytes=o.prefix_cache_mb * 1024 * 1024,
             prefix_cache_min_tokens=o.prefix_cache_min_tokens,
             split_small_batches=o.split_small_batches))
@@ -154,13 +160,6 @@ class LlamaRuntime:
         return ModelMetadata(platform="llama.cpp",
                              inputs=(TensorSpec("text_input", "BYTES", (1,)),),
                              outputs=(TensorSpec("text_output", "BYTES", (1,)),))
-
-    def preprocess(self, texts: Sequence[str]) -> Prepared:
-        raise InvalidInput(f"model '{self.name}' generates text: use /v1/chat/completions "
-                           "or /v1/completions")
-
-    def run_batch(self, batch: Sequence[Prepared]) -> list[np.ndarray]:
-        raise AssertionError("a llama model has no batch path")
 
     def close(self) -> None:
         if self.model is not None:

@@ -1,47 +1,23 @@
-"""The small interface every runtime implements, and the plain data it exchanges.
+"""The small interface every encoder runtime implements (the plain data it exchanges lives in
+``core``: ``Prepared``, ``ModelMetadata``, ``TensorSpec``).
 
-The batcher and the server see only this interface. A runtime is loaded once, warmed up once,
-then called from worker threads: ``preprocess`` on the event loop (cheap, per request),
-``run_batch`` in a worker thread (heavy; the runtime must release the GIL while it computes).
+``models/encoder.py`` wraps a runtime and its batcher into a served model. A runtime is
+loaded once, warmed up once, then called: ``preprocess`` on the event loop (cheap, per
+request), ``run_batch`` in a worker thread (heavy; the runtime must release the GIL while it
+computes).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 
+from sokuji.core.model import ModelMetadata, TensorSpec
+from sokuji.core.request import Prepared
 
-@dataclass(frozen=True)
-class TensorSpec:
-    name: str
-    datatype: str
-    """KServe V2 datatype: BYTES, FP32, INT64, ..."""
-    shape: tuple[int, ...]
-    """-1 marks a variable dimension."""
-
-
-@dataclass(frozen=True)
-class ModelMetadata:
-    platform: str
-    inputs: tuple[TensorSpec, ...]
-    outputs: tuple[TensorSpec, ...]
-
-
-@dataclass(frozen=True)
-class Prepared:
-    """A request's inputs after preprocessing, ready to be batched.
-
-    ``num_items`` rows, each needing ``length`` positions once padded; ``num_tokens`` is the
-    unpadded count (reported as usage).
-    """
-
-    data: Any
-    num_items: int
-    length: int
-    num_tokens: int
+__all__ = ["ModelMetadata", "Prepared", "Runtime", "TensorSpec"]
 
 
 class Runtime(Protocol):

@@ -39,7 +39,7 @@ from starlette.types import Receive
 
 from sokuji.config import ServerConfig
 from sokuji.core.jobs import Job, JobStatus, JobStoreProtocol
-from sokuji.errors import ConfigError, MethodNotAllowed, NotFound, Overloaded, StoreUnavailable
+from sokuji.errors import ConfigError, NotFound, Overloaded, StoreUnavailable
 from sokuji.server.auth import Authenticator, Tenant
 from sokuji.server.callback_delivery import CallbackSender, load_or_create_secret, payload
 from sokuji.server.callbacks import CALLBACK_HEADER, CallbackPolicy
@@ -107,11 +107,9 @@ class JobService:
                 wait_s = min(STORE_BACKOFF_S[1], wait_s * 2)
 
     # --- HTTP ------------------------------------------------------------------------------
-    async def submit(self, method: str, path: str, headers: Headers,
-                     receive: Receive) -> Reply:
-        if method != "POST":
-            raise MethodNotAllowed(f"{method} is not allowed on {path}; use POST")
-        tenant = self.auth.authenticate(headers)
+    async def submit(self, path: str, headers: Headers, receive: Receive,
+                     tenant: Tenant) -> Reply:
+        """``POST`` with ``Prefer: respond-async`` by ``tenant`` (authenticated by the app)."""
         callback = headers.get(CALLBACK_HEADER)
         if callback is not None:
             await self.callbacks.check(callback)
@@ -132,11 +130,8 @@ class JobService:
                            "location": location}, 202,
                           {"location": location, "preference-applied": "respond-async"})
 
-    async def status(self, method: str, path: str, headers: Headers) -> Reply:
-        if method != "GET":
-            raise MethodNotAllowed(f"{method} is not allowed on {path}; use GET",
-                                   allow=("GET",))
-        tenant = self.auth.authenticate(headers)
+    async def status(self, path: str, tenant: Tenant) -> Reply:
+        """``GET`` of a job or its result by ``tenant`` (authenticated by the app)."""
         rest = path[len(JOBS_PREFIX):].split("/")
         if not _JOB_ID.fullmatch(rest[0]) or rest[1:] not in ([], ["result"]):
             raise NotFound(f"no job at {path}")

@@ -39,7 +39,7 @@ def chat(client: TestClient, headers: dict[str, str]) -> Any:
 
 
 def test_a_generation_cannot_rise_above_the_tenants_ceiling(llm: TestClient) -> None:
-    engine = llm.app.inference.repo.models["smollm2"].engine  # type: ignore[attr-defined]
+    engine = llm.app.inference.repo.models["smollm2"].generator().engine  # type: ignore[attr-defined]
     seen: list[Priority] = []
     submit = engine.submit
 
