@@ -144,3 +144,17 @@ def test_interactive_requests_take_the_slot_before_batch_class(url: str) -> None
     batch.join(30)
     interactive.join(30)
     assert done == ["interactive", "batch"]
+
+
+def test_a_deadline_bounds_the_start_not_a_running_generation(url: str) -> None:
+    """The slot is free, so the generation starts well within its 100 ms; it then runs to
+    max_tokens although that takes longer than the deadline (core/policy.py)."""
+    t0 = time.perf_counter()
+    r = post(url, {"model": "smollm2", "prompt": "Hi", "max_tokens": 200, "ignore_eos": True,
+                   "temperature": 0}, {"X-Sokuji-Timeout-Ms": "100"})
+    took = time.perf_counter() - t0
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["choices"][0]["finish_reason"] == "length"
+    assert body["usage"]["completion_tokens"] == 200
+    assert took > 0.1  # it did outlive its deadline (200 tokens take far longer on a CPU)
