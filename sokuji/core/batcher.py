@@ -122,6 +122,8 @@ class DynamicBatcher:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._jobs: queue.SimpleQueue[list[_Entry] | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
+        self._exited: list[str] = []
+        """Worker threads that have ended (appended by each as it ends: atomic)."""
         self._timer: asyncio.TimerHandle | None = None
         self._idle = asyncio.Event()
         self._admitted = 0
@@ -150,8 +152,7 @@ class DynamicBatcher:
     @property
     def alive(self) -> bool:
         """Started, and every worker thread is alive."""
-        return self._loop is not None and bool(self._threads) \
-            and all(t.is_alive() for t in self._threads)
+        return self._loop is not None and not self._exited
 
     @property
     def drain_items_per_s(self) -> float:
@@ -185,6 +186,7 @@ class DynamicBatcher:
         self._loop = asyncio.get_running_loop()
         self._slot_free_since_ns = time.perf_counter_ns()
         self._idle.set()
+        self._exited = []
         for i in range(self.config.instances):
             thread = threading.Thread(target=self._work, name=f"sokuji-{self.name}-{i}",
                                       daemon=True)
@@ -323,7 +325,14 @@ class DynamicBatcher:
         return chosen
 
     def _work(self) -> None:
-        """Worker thread: run batches, post results back to the event loop."""
+        """Worker thread: run batches, post results back to the event loop. However it ends,
+        it says so (``alive`` turns false: the model is no longer ready)."""
+        try:
+            self._work_until_stopped()
+        finally:
+            self._exited.append(threading.current_thread().name)
+
+    def _work_until_stopped(self) -> None:
         if self.config.worker_nice and hasattr(os, "setpriority"):
             # The event loop needs little CPU but gates every reply and every refusal: when
             # both want the core, it goes first. The worker still gets every idle moment.

@@ -87,18 +87,16 @@ class Model:
     """False for the other variants, addressed as V2 versions."""
     variants: dict[str, Model] = field(default_factory=dict)
     """The primary's other servable variants, by name."""
+    metadata: ModelMetadata = field(init=False)
+    kind: ModelKind = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.metadata = self.served.metadata  # (plain attributes: read on every request)
+        self.kind = self.served.kind
 
     @property
     def ready(self) -> bool:
         return self.started and self.served.alive
-
-    @property
-    def kind(self) -> ModelKind:
-        return self.served.kind
-
-    @property
-    def metadata(self) -> ModelMetadata:
-        return self.served.metadata
 
     @property
     def served_version(self) -> str:
@@ -203,7 +201,8 @@ class ModelRepository:
 
     def get_ready(self, name: str, version: str | None = None) -> Model:
         model = self.get(name, version)
-        if not model.ready and not (self.draining and model.served.alive):
+        served = model.served
+        if not (model.started or self.draining) or not served.alive:
             raise ModelNotReady(f"model '{name}' is not ready")
         return model
 

@@ -18,7 +18,6 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import NamedTuple
 
 import numpy as np
 from starlette.applications import Starlette
@@ -36,6 +35,7 @@ from sokuji.errors import (
     ModelNotFound,
     SokujiError,
 )
+from sokuji.models.encoder import EncoderModel
 from sokuji.models.repository import Model, ModelRepository
 from sokuji.observability.metrics import Metrics
 from sokuji.server import backends, llm_api, openai_api, scheduling, v2
@@ -67,11 +67,10 @@ class Inference:
         self.cache = cache
         self.auth = Authenticator(config.api_keys)
 
-    async def _run(self, model: Model, texts: list[str], ctx: RequestContext,
-                   cache_control: str) -> tuple[np.ndarray, int]:
-        """Outputs for ``texts`` (from the cache, or through the model), and the unpadded
-        token count."""
-        encoder = model.embedder()
+    async def _run(self, model: Model, encoder: EncoderModel, texts: list[str],
+                   ctx: RequestContext, cache_control: str) -> tuple[np.ndarray, int]:
+        """Outputs for ``texts`` (from the cache, or through the ``encoder``), and the
+        unpadded token count."""
         tl = ctx.timeline
         assert tl is not None
         cached = self.cache is not None and model.config.cache
@@ -104,7 +103,8 @@ class Inference:
                        tl: Timeline, tenant: Tenant) -> tuple[str, bytes, Headers]:
         tenant.check_model(params["model_name"])  # first: 403 tells nothing of other models
         model = self.repo.get_ready(params["model_name"], params.get("version"))
-        model.embedder().check_admission()  # refuse before reading the body
+        encoder = model.embedder()
+        encoder.check_admission()  # refuse before reading the body
         header_len = headers.get(v2.HEADER_LENGTH)
         check_content_type(headers, binary_ok=header_len is not None)
         body = await read_body(receive, headers, self.config.max_request_bytes)
@@ -117,7 +117,8 @@ class Inference:
         tl.mark(Stage.DECODE)
         ctx = scheduling.context(tenant, headers, req.parameters, tl.start_ns,
                                  model.config.default_timeout_ms, req.request_id, tl)
-        output, _ = await self._run(model, req.texts, ctx, headers.get("cache-control", ""))
+        output, _ = await self._run(model, encoder, req.texts, ctx,
+                                    headers.get("cache-control", ""))
         payload, out_headers = v2.encode_infer(model.name, model.served_version, req,
                                                [(model.metadata.outputs[0], output)])
         if model.variant:
@@ -138,7 +139,7 @@ class Inference:
         tl.mark(Stage.DECODE)
         ctx = scheduling.context(tenant, headers, {}, tl.start_ns,
                                  model.config.default_timeout_ms, timeline=tl)
-        output, num_tokens = await self._run(model, req.texts, ctx,
+        output, num_tokens = await self._run(model, model.embedder(), req.texts, ctx,
                                              headers.get("cache-control", ""))
         out_headers = {"content-type": JSON}
         if model.variant:
@@ -151,11 +152,9 @@ Endpoint = Callable[[dict[str, str], Headers, Receive, Timeline, Tenant],
                     Awaitable[tuple[str, bytes, Headers]]]
 
 
-class Route(NamedTuple):
-    endpoint: Endpoint
-    params: dict[str, str]
-    style: ErrorStyle
-    """The error format of the protocol the route speaks."""
+Route = tuple[Endpoint, dict[str, str], ErrorStyle]
+"""An inference route: its endpoint, its path parameters, and the error format of the
+protocol it speaks. (A plain tuple: built on every request.)"""
 
 
 class SokujiApp:
@@ -174,14 +173,14 @@ class SokujiApp:
 
     def route(self, path: str) -> Route | None:
         if path == "/v1/embeddings":
-            return Route(self.inference.openai_embeddings, {}, ErrorStyle.OPENAI)
+            return self.inference.openai_embeddings, {}, ErrorStyle.OPENAI
         if path.startswith("/v2/models/") and path.endswith("/infer"):
             parts = path.split("/")  # '', 'v2', 'models', name, ['versions', v,] 'infer'
             if len(parts) == 5 and parts[3]:
-                return Route(self.inference.v2_infer, {"model_name": parts[3]}, ErrorStyle.V2)
+                return self.inference.v2_infer, {"model_name": parts[3]}, ErrorStyle.V2
             if len(parts) == 7 and parts[3] and parts[4] == "versions" and parts[5]:
-                return Route(self.inference.v2_infer,
-                             {"model_name": parts[3], "version": parts[5]}, ErrorStyle.V2)
+                return (self.inference.v2_infer,
+                        {"model_name": parts[3], "version": parts[5]}, ErrorStyle.V2)
         return None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -198,7 +197,7 @@ class SokujiApp:
             return
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         allowed = "GET" if is_job else "POST"
-        style = ErrorStyle.OPENAI if generation else route.style if route else ErrorStyle.V2
+        style = ErrorStyle.OPENAI if generation else route[2] if route else ErrorStyle.V2
         # The method, then who is asking: once per request, before any work.
         try:
             if method != allowed:
@@ -207,7 +206,7 @@ class SokujiApp:
             tenant = self.auth.authenticate(headers)
         except SokujiError as exc:
             if route is not None:
-                self._failed(route.params, exc, t0)
+                self._failed(route[1], exc, t0)
             await error_reply(to_error(exc, method, path), style).send(send)
             return
         if generation:
@@ -230,7 +229,7 @@ class SokujiApp:
         (A job that fails later records its 4xx as its result.)"""
         route = self.route(path)
         assert route is not None
-        params = route.params
+        params = route[1]
         name, version = params.get("model_name"), params.get("version")
         if name is None:  # OpenAI: the model is named in the body
             doc = v2.parse_json(body)
