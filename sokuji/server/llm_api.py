@@ -4,10 +4,11 @@ The way through: body read (bounded) -> validation -> chat template -> the promp
 bytes, then tokenise, then its size in tokens (``llm/prompt.py``; 4xx) -> the engine's queue
 (429 when full) -> tokens as they come, as server-sent events (``stream: true``) or one JSON
 body. Bodies over ``INLINE_MAX_BYTES`` are decoded, templated and tokenised in a worker
-thread, never on the event loop. The response waits for the first event before its
-status is sent, so a request that fails in the queue (deadline, shutdown) still gets a
-proper status code. A client that disconnects cancels its generation: a task watches
-``receive()`` for ``http.disconnect`` for the request's whole life.
+thread (the ``sokuji-prep`` pool, ``core/offload.py``), never on the event loop. The
+response waits for the first event before its status is sent, so a request that fails in
+the queue (deadline, shutdown) still gets a proper status code. A client that disconnects
+cancels its generation: a task watches ``receive()`` for ``http.disconnect`` for the
+request's whole life.
 
 Timing: ``Server-Timing`` on non-streaming responses; a streamed response ends with the same
 text as an SSE comment (``: server-timing ...``) just before ``data: [DONE]``.
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING, ParamSpec, TypeVar, cast
 from starlette.types import Receive, Send
 
 from sokuji.config import ServerConfig
+from sokuji.core import offload
 from sokuji.errors import (
     DeadlineExceeded,
     MethodNotAllowed,
@@ -59,8 +61,10 @@ T = TypeVar("T")
 
 async def _maybe_off_loop(off: bool, fn: Callable[P, T], *args: P.args,
                           **kwargs: P.kwargs) -> T:
+    """``fn`` in the ``sokuji-prep`` pool when ``off``, else inline. (Not asyncio's default
+    executor: that one also runs DNS lookups and store I/O.)"""
     if off:
-        return await asyncio.to_thread(fn, *args, **kwargs)
+        return await offload.run(fn, *args, **kwargs)
     return fn(*args, **kwargs)
 
 
@@ -83,7 +87,7 @@ class Generation:
             body = await read_body(receive, headers, self.config.max_request_bytes)
             large = len(body) > INLINE_MAX_BYTES
             req = await _maybe_off_loop(large, llm_codec.decode, body, PATHS[path])
-            tenant.check_model(req.model)  # before the lookup: a 404 would list the models
+            tenant.check_model(req.model)  # before the lookup: 403 tells nothing of others
             model = self.repo.get_ready(req.model)
             model_name = model.name
             engine = model.generator()
