@@ -167,6 +167,9 @@ class JobsConfig(_Table, frozen=True):
     """Finished jobs (and their results) are deleted this long after they finish."""
     max_pending_per_tenant: AtLeast1 = 1000
     """Queued or running jobs one tenant may have; beyond it, submissions get 429."""
+    max_stored_bytes_per_tenant: AtLeast1 = 256 * 1024 * 1024
+    """Bytes one tenant may keep in the job store: request bodies of unfinished jobs, results
+    of finished ones until they expire; beyond it, submissions get 429."""
     max_attempts: AtLeast1 = 5
     """Runs of a job whose answer was transient (429, 503, 504) before that answer is final."""
     callback_allow: Hosts = ()
@@ -396,6 +399,11 @@ def _check(config: ServerConfig) -> ServerConfig:
                 raise ConfigError.for_key(f"api_keys[{i}].models", name, "no such model")
         _check_hosts(f"api_keys[{i}].callback_allow", k.callback_allow)
     _check_hosts("jobs.callback_allow", config.jobs.callback_allow)
+    if config.jobs.max_stored_bytes_per_tenant < config.max_request_bytes:
+        raise ConfigError.for_key("jobs.max_stored_bytes_per_tenant",
+                                  config.jobs.max_stored_bytes_per_tenant,
+                                  f"must be at least max_request_bytes "
+                                  f"({config.max_request_bytes})")
     return config
 
 

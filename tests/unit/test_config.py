@@ -127,6 +127,15 @@ priority = "batch"
     assert (key.tenant, key.models, key.priority) == ("acme", ("minilm",), "batch")
 
 
+def test_job_store_byte_bound_holds_a_request(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="max_stored_bytes_per_tenant' has value 2048: "
+                                          "must be at least max_request_bytes"):
+        cfg.load(write(tmp_path, "[jobs]\nmax_stored_bytes_per_tenant = 2048\n"), env={})
+    config = cfg.load(write(tmp_path, "[jobs]\nmax_stored_bytes_per_tenant = 8388608\n"),
+                      env={})
+    assert config.jobs.max_stored_bytes_per_tenant == 8388608
+
+
 def test_security_keys(tmp_path: Path) -> None:
     path = write(tmp_path, """
 metrics_require_key = true
