@@ -6,6 +6,7 @@
   sokuji bench URL (--concurrency N | --rate R) [...]   load generator (sokuji bench -h)
   sokuji bench compare A.json B.json [--threshold 10%]
   sokuji optimize MODEL [...]                 variants measured, gated and recorded
+  sokuji callback-secret TENANT [--config FILE]   the key a tenant's callback receiver checks
 """
 
 from __future__ import annotations
@@ -37,6 +38,10 @@ def _parser() -> argparse.ArgumentParser:
 
     models = sub.add_parser("models", help="list the configured models")
     models.add_argument("--config")
+    secret = sub.add_parser("callback-secret", help="print the key that signs TENANT's job "
+                            "callbacks (for keys without their own callback_secret)")
+    secret.add_argument("tenant")
+    secret.add_argument("--config")
     sub.add_parser("bench", help="load generator: sokuji bench -h", add_help=False)
     sub.add_parser("optimize", help="build, measure and gate model variants: sokuji "
                    "optimize -h", add_help=False)
@@ -89,6 +94,24 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _callback_secret(tenant: str, config_path: str | None) -> int:
+    """Print ``tenant``'s derived callback signing key (what its receiver verifies with);
+    notes on stderr when some of its keys sign with their own ``callback_secret``."""
+    from sokuji.server.callback_delivery import default_secret, tenant_secret
+
+    config = cfg.load(config_path)
+    keys = [k for k in config.api_keys if k.tenant == tenant]
+    if config.api_keys and not keys:
+        print(f"sokuji: note: no API key in the config belongs to tenant '{tenant}'",
+              file=sys.stderr)
+    own = sum(1 for k in keys if k.callback_secret)
+    if own:
+        print(f"sokuji: note: {own} of the {len(keys)} key(s) of tenant '{tenant}' sign with "
+              "their own callback_secret; this key is for the others", file=sys.stderr)
+    print(tenant_secret(default_secret(config), tenant))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["optimize"]:
@@ -114,6 +137,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"{m.name}\truntime={m.runtime}\tversion={m.version}\t"
                       f"max_batch_size={m.max_batch_size}\tbatching={m.batching.value}")
             return 0
+        if args.command == "callback-secret":
+            return _callback_secret(args.tenant, args.config)
     except ConfigError as exc:
         print(f"sokuji: {exc.message}", file=sys.stderr)
         return 2

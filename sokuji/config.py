@@ -1,4 +1,4 @@
-"""One typed configuration, validated once at start-up.
+"""One typed configuration, declared once as a schema (msgspec), validated once at start-up.
 
 Precedence, lowest first: built-in defaults < TOML file < ``SOKUJI_*`` environment < CLI flags.
 Every invalid value stops start-up with a ``ConfigError`` naming the key and the value.
@@ -16,6 +16,15 @@ A file looks like::
     max_queue_delay_ms = 2.0
     batching = "length"         # length | fifo
     intra_op_threads = 0        # 0: let Sokuji choose
+
+How it works: the classes below are the schema: types, defaults and ranges (``Meta``) in one
+place. ``load`` merges file, environment and flags into one mapping and converts it with
+``msgspec.convert`` (lax: ``"9000"`` is an int, ``"false"`` a bool, as environment values are
+strings); ``_error`` turns msgspec's first error into a ``ConfigError`` naming the key as the
+file (or the environment variable) spells it, the value, and a reason. ``_check`` then checks
+what a schema cannot say: relations between fields, files on disk, network names. Objects are
+frozen ``msgspec.Struct``s: built in code (tests) without checks, like dataclasses, and checked
+by ``validate``. ``msgspec.structs.replace`` copies one with changes.
 """
 
 from __future__ import annotations
@@ -25,9 +34,11 @@ import os
 import re
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal, get_args, get_origin, get_type_hints
+
+import msgspec
+from msgspec import Meta, Struct, field
 
 from sokuji.errors import ConfigError
 
@@ -41,112 +52,147 @@ class BatchPolicy(enum.StrEnum):
     FIFO = "fifo"
 
 
-@dataclass(frozen=True)
-class ModelConfig:
-    name: str
-    runtime: str = "onnx"
+def _why(reason: str, **constraints: Any) -> Meta:
+    """A constraint whose failure (or a wrong type) is reported with ``reason``."""
+    return Meta(**constraints, extra={"reason": reason})
+
+
+AtLeast1 = Annotated[int, Meta(ge=1)]
+ZeroOrMore = Annotated[int, Meta(ge=0)]
+ZeroOrMoreS = Annotated[float, Meta(ge=0)]  # milliseconds or seconds
+MoreThanZero = Annotated[float, Meta(gt=0)]
+Secret = Annotated[str, _why("must be a string, empty or of at least 16 characters",
+                             pattern=r"\A(?s:.{16,})?\Z")]
+Hosts = Annotated[tuple[str, ...], _why("must be a list of hosts or CIDR networks")]
+Priority = Literal["interactive", "batch"]
+RUNTIMES = ("onnx", "synthetic", "llama")
+Runtime = Annotated[str, _why(f"must be one of: {', '.join(RUNTIMES)}",
+                              pattern=rf"\A({'|'.join(RUNTIMES)})\Z")]
+
+
+class _Table(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A TOML table: unknown keys are errors; built in code without checks (see ``validate``)."""
+
+
+class ModelConfig(_Table, frozen=True):
+    name: Annotated[str, _why("must be non-empty, without '/'", pattern=r"\A[^/]+\Z")]
+    runtime: Runtime = "onnx"
     path: str | None = None
     """ONNX file (runtime onnx). None for the built-in ``minilm``: exported into the cache."""
     tokenizer: str | None = None
     """tokenizer.json for the onnx runtime; defaults to the built-in MiniLM tokenizer."""
     version: str = "1"
-    max_batch_size: int = 32
-    max_batch_tokens: int = 8192
-    max_queue_delay_ms: float = 2.0
+    max_batch_size: AtLeast1 = 32
+    max_batch_tokens: AtLeast1 = 8192
+    max_queue_delay_ms: ZeroOrMoreS = 2.0
     batching: BatchPolicy = BatchPolicy.LENGTH
-    instances: int = 1
+    instances: AtLeast1 = 1
     """Batches that may run at once (each in its own worker thread)."""
-    intra_op_threads: int = 0
-    max_sequence_length: int = 256
-    max_queue_depth: int = 1024
+    intra_op_threads: Annotated[int, _why("must be zero (auto) or more", ge=0)] = 0
+    max_sequence_length: AtLeast1 = 256
+    max_queue_depth: AtLeast1 = 1024
     """Waiting requests beyond which new ones get 429 at once."""
-    max_concurrency: int = 0
+    max_concurrency: ZeroOrMore = 0
     """Requests admitted (waiting or running) at once; 0: bounded by max_queue_depth only."""
-    default_timeout_ms: float = 0.0
+    default_timeout_ms: ZeroOrMoreS = 0.0
     """Deadline for requests that set none; 0: none."""
-    priority_aging_ms: float = 1000.0
+    priority_aging_ms: ZeroOrMoreS = 1000.0
     warmup: bool = True
     cache: bool = True
     """Cache this model's responses (the server-wide [cache] must be enabled too)."""
     options: Mapping[str, Any] = field(default_factory=dict)
     """Runtime-specific options, validated by the runtime at load."""
-    variant: str = "fp32"
+    variant: Annotated[str, _why("must be auto, fp32 or a variant name (int8, ...)",
+                                 pattern=r"\A(auto|[a-z0-9][a-z0-9-]{0,31})\Z")] = "fp32"
     """ONNX models: which file serves: fp32 (the original), auto (the variant `sokuji
     optimize` recommended), or a variant's name (int8, ...)."""
 
 
-@dataclass(frozen=True)
-class ApiKey:
-    key: str
-    tenant: str
-    models: tuple[str, ...] = ()
+class ApiKey(_Table, frozen=True):
+    key: Annotated[str, _why("must be a string of at least 8 characters", min_length=8)]
+    tenant: Annotated[str, _why("must be a non-empty string", min_length=1)]
+    models: Annotated[tuple[str, ...], _why("must be a list of names")] = ()
     """Models this tenant may use; empty: all."""
-    priority: str = "interactive"
-    """Default priority class of this tenant's requests: interactive | batch."""
-    max_priority: str = "interactive"
+    priority: Priority = "interactive"
+    """Default priority class of this tenant's requests (never above ``max_priority``)."""
+    max_priority: Priority = "interactive"
     """The highest class this tenant's requests may ask for (``batch``: a priority header or
     parameter cannot lift them to interactive)."""
     admin: bool = False
     """May read /metrics (when ``metrics_require_key``) and every model's statistics."""
-    callback_secret: str = ""
+    callback_secret: Secret = ""
     """HMAC key signing this tenant's job callbacks; empty: ``jobs.callback_secret``."""
-    max_pending_jobs: int = 0
+    max_pending_jobs: ZeroOrMore = 0
     """Unfinished jobs this tenant may have at once; 0: ``jobs.max_pending_per_tenant``."""
+    callback_allow: Hosts = ()
+    """Hosts or CIDR networks this key's callbacks may reach although they are internal (in
+    addition to ``jobs.callback_allow``, which every tenant may reach)."""
+
+    def __post_init__(self) -> None:
+        if self.max_priority == "batch":  # the default class stays under the ceiling
+            msgspec.structs.force_setattr(self, "priority", "batch")
 
     def __repr__(self) -> str:  # keys and secrets never reach logs or tracebacks
         return f"ApiKey(tenant={self.tenant!r}, models={self.models!r})"
 
+    def __rich_repr__(self) -> list[tuple[str, Any]]:  # msgspec's own would show them
+        return [("tenant", self.tenant), ("models", self.models)]
 
-@dataclass(frozen=True)
-class CacheConfig:
+
+class CacheConfig(_Table, frozen=True):
     enabled: bool = True
-    backend: str = "memory"
+    backend: Literal["memory", "redis"] = "memory"
     """memory (in process, LRU) | redis (shared between replicas)"""
-    max_bytes: int = 64 * 1024 * 1024
-    ttl_s: float = 300.0
+    max_bytes: ZeroOrMore = 64 * 1024 * 1024
+    ttl_s: MoreThanZero = 300.0
     redis_url: str = "redis://127.0.0.1:6379/0"
-    redis_timeout_s: float = 0.1
+    redis_timeout_s: MoreThanZero = 0.1
     """A Redis call slower than this counts as a miss (and a cache error), never a failure."""
+    breaker_failures: AtLeast1 = 5
+    """Failures in a row after which the backend is skipped for ``breaker_cooldown_s``."""
+    breaker_cooldown_s: MoreThanZero = 5.0
 
 
-@dataclass(frozen=True)
-class JobsConfig:
+class JobsConfig(_Table, frozen=True):
     enabled: bool = True
-    backend: str = "sqlite"
+    backend: Literal["sqlite", "redis"] = "sqlite"
     """sqlite (one server) | redis (replicas share their jobs)"""
     redis_url: str = "redis://127.0.0.1:6379/0"
     path: str = ""
     """SQLite file; default: <cache_dir>/jobs.sqlite"""
-    concurrency: int = 16
+    concurrency: AtLeast1 = 16
     """Jobs run at once (they are batched together like any other requests)."""
-    redis_timeout_s: float = 2.0
-    result_ttl_s: float = 86400.0
+    redis_timeout_s: MoreThanZero = 2.0
+    result_ttl_s: MoreThanZero = 86400.0
     """Finished jobs (and their results) are deleted this long after they finish."""
-    max_pending_per_tenant: int = 1000
+    max_pending_per_tenant: AtLeast1 = 1000
     """Queued or running jobs one tenant may have; beyond it, submissions get 429."""
-    max_attempts: int = 5
+    max_stored_bytes_per_tenant: AtLeast1 = 256 * 1024 * 1024
+    """Bytes one tenant may keep in the job store: request bodies of unfinished jobs, results
+    of finished ones until they expire; beyond it, submissions get 429."""
+    max_attempts: AtLeast1 = 5
     """Runs of a job whose answer was transient (429, 503, 504) before that answer is final."""
-    callback_allow: tuple[str, ...] = ()
+    callback_allow: Hosts = ()
     """Hosts or CIDR networks callbacks may reach even though they are loopback, private,
     link-local or reserved (refused otherwise, after DNS resolution)."""
-    callback_secret: str = ""
+    callback_secret: Secret = ""
     """HMAC key for callbacks of tenants without their own; empty: a random key kept in
     <cache_dir>/callback_secret."""
-    callback_timeout_s: float = 10.0
+    callback_timeout_s: MoreThanZero = 10.0
 
 
-@dataclass(frozen=True)
-class ServerConfig:
+class ServerConfig(_Table, frozen=True):
     host: str = "127.0.0.1"
-    port: int = 8000
+    port: Annotated[int, _why("must be between 0 and 65535", ge=0, le=65535)] = 8000
     cache_dir: str = str(Path.home() / ".cache" / "sokuji")
-    max_request_bytes: int = 4 * 1024 * 1024
-    log_level: str = "info"
-    shutdown_drain_s: float = 0.0
+    max_request_bytes: Annotated[int, Meta(ge=1024)] = 4 * 1024 * 1024
+    log_level: Literal["critical", "debug", "error", "info", "trace", "warning"] = "info"
+    shutdown_drain_s: ZeroOrMoreS = 0.0
     """On SIGTERM: seconds between readiness turning false and the listener closing."""
-    shutdown_grace_s: float = 30.0
+    shutdown_grace_s: ZeroOrMoreS = 30.0
     """Then: the most seconds in-flight requests get to finish."""
-    models: tuple[ModelConfig, ...] = (
+    models: Annotated[tuple[ModelConfig, ...],
+                      _why("must be an array of tables, at least one", min_length=1)] = (
         ModelConfig(name=DEFAULT_MODEL_NAME),
         ModelConfig(name=DEFAULT_LLM_NAME, runtime="llama", max_queue_depth=256, cache=False))
     api_keys: tuple[ApiKey, ...] = ()
@@ -166,256 +212,11 @@ class ServerConfig:
         return next((m for m in self.models if m.name == name), None)
 
 
-_SERVER_SCALARS = {"host": str, "port": int, "cache_dir": str, "max_request_bytes": int,
-                   "log_level": str, "shutdown_drain_s": float, "shutdown_grace_s": float,
-                   "metrics_require_key": bool, "models_require_key": bool}
-_LOG_LEVELS = {"critical", "error", "warning", "info", "debug", "trace"}
-
-
-def _coerce(key: str, value: object, kind: type) -> Any:
-    """Turn a file or environment value into ``kind``, naming the key on failure."""
-    if kind is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in {"1", "true", "yes", "on", "0", "false",
-                                                        "no", "off"}:
-            return value.lower() in {"1", "true", "yes", "on"}
-        raise ConfigError.for_key(key, value, "not a valid bool")
-    if kind is int:
-        if isinstance(value, bool):
-            raise ConfigError.for_key(key, value, "not a valid integer")
-        if isinstance(value, int):
-            return value
-        if isinstance(value, str):
-            try:
-                return int(value)
-            except ValueError:
-                pass
-        raise ConfigError.for_key(key, value, "not a valid integer")
-    if kind is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        raise ConfigError.for_key(key, value, "not a valid number")
-    if kind is str:
-        if isinstance(value, str):
-            return value
-        raise ConfigError.for_key(key, value, "not a string")
-    raise AssertionError(kind)
-
-
-_MODEL_KINDS: dict[str, type] = {
-    "name": str, "runtime": str, "path": str, "tokenizer": str, "version": str,
-    "max_batch_size": int, "max_batch_tokens": int, "max_queue_delay_ms": float,
-    "batching": str, "instances": int, "intra_op_threads": int, "max_sequence_length": int,
-    "warmup": bool, "max_queue_depth": int, "max_concurrency": int,
-    "default_timeout_ms": float, "priority_aging_ms": float, "cache": bool, "variant": str,
-}
-RUNTIMES = ("onnx", "synthetic", "llama")
-
-
-def _model_from_mapping(index: int, raw: Mapping[str, Any]) -> ModelConfig:
-    prefix = f"models[{index}]"
-    if not isinstance(raw, Mapping):
-        raise ConfigError.for_key(prefix, raw, "each model must be a table")
-    known = {f.name for f in fields(ModelConfig)}
-    for key in raw:
-        if key not in known:
-            raise ConfigError.for_key(f"{prefix}.{key}", raw[key], "unknown key")
-    if "name" not in raw:
-        raise ConfigError.for_key(f"{prefix}.name", None, "every model needs a name")
-    values: dict[str, Any] = {}
-    for key, value in raw.items():
-        if key == "options":
-            if not isinstance(value, Mapping):
-                raise ConfigError.for_key(f"{prefix}.options", value, "must be a table")
-            values[key] = dict(value)
-        else:
-            values[key] = _coerce(f"{prefix}.{key}", value, _MODEL_KINDS[key])
-    if "batching" in values:
-        try:
-            values["batching"] = BatchPolicy(values["batching"])
-        except ValueError:
-            raise ConfigError.for_key(f"{prefix}.batching", values["batching"],
-                                      "must be one of: length, fifo") from None
-    return ModelConfig(**values)
-
-
-def _validate_model(index: int, m: ModelConfig) -> None:
-    prefix = f"models[{index}]"
-    if not m.name or "/" in m.name:
-        raise ConfigError.for_key(f"{prefix}.name", m.name, "must be non-empty, without '/'")
-    if m.runtime not in RUNTIMES:
-        raise ConfigError.for_key(f"{prefix}.runtime", m.runtime,
-                                  f"must be one of: {', '.join(RUNTIMES)}")
-    positive = {"max_batch_size": m.max_batch_size, "max_batch_tokens": m.max_batch_tokens,
-                "instances": m.instances, "max_sequence_length": m.max_sequence_length,
-                "max_queue_depth": m.max_queue_depth}
-    for key, value in positive.items():
-        if value < 1:
-            raise ConfigError.for_key(f"{prefix}.{key}", value, "must be at least 1")
-    if m.max_queue_delay_ms < 0:
-        raise ConfigError.for_key(f"{prefix}.max_queue_delay_ms", m.max_queue_delay_ms,
-                                  "must be zero or more")
-    for key in ("max_concurrency", "default_timeout_ms", "priority_aging_ms"):
-        if getattr(m, key) < 0:
-            raise ConfigError.for_key(f"{prefix}.{key}", getattr(m, key), "must be zero or more")
-    if m.intra_op_threads < 0:
-        raise ConfigError.for_key(f"{prefix}.intra_op_threads", m.intra_op_threads,
-                                  "must be zero (auto) or more")
-    if m.runtime == "onnx" and m.path is None and m.name != DEFAULT_MODEL_NAME:
-        raise ConfigError.for_key(f"{prefix}.path", None,
-                                  "an onnx model other than the built-in minilm needs a path")
-    if m.variant != "fp32" and m.runtime != "onnx":
-        raise ConfigError.for_key(f"{prefix}.variant", m.variant, "variants are for onnx models")
-    if m.variant != "auto" and not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,31}", m.variant):
-        raise ConfigError.for_key(f"{prefix}.variant", m.variant,
-                                  "must be auto, fp32 or a variant name (int8, ...)")
-    if m.path is not None and m.runtime in ("onnx", "llama") and not Path(m.path).is_file():
-        raise ConfigError.for_key(f"{prefix}.path", m.path, "no such file")
-
-
-_API_KEY_FIELDS = {"key", "tenant", "models", "priority", "max_priority", "admin",
-                   "callback_secret", "max_pending_jobs"}
-
-
-def _api_keys(raw: Any) -> tuple[ApiKey, ...]:
-    if not isinstance(raw, list):
-        raise ConfigError.for_key("api_keys", "...", "must be an array of tables")
-    keys = []
-    for i, entry in enumerate(raw):
-        where = f"api_keys[{i}]"
-        if not isinstance(entry, Mapping):
-            raise ConfigError.for_key(where, "...", "must be a table")
-        for k in entry:
-            if k not in _API_KEY_FIELDS:
-                raise ConfigError.for_key(f"{where}.{k}", entry[k], "unknown key")
-        key, tenant = entry.get("key"), entry.get("tenant")
-        if not isinstance(key, str) or len(key) < 8:
-            # The value itself is never echoed: it is a secret.
-            raise ConfigError(f"Config '{where}.key' must be a string of at least 8 characters",
-                              param=f"{where}.key")
-        if not isinstance(tenant, str) or not tenant:
-            raise ConfigError.for_key(f"{where}.tenant", tenant, "must be a non-empty string")
-        models = entry.get("models", [])
-        if not isinstance(models, list) or not all(isinstance(m, str) for m in models):
-            raise ConfigError.for_key(f"{where}.models", models, "must be a list of names")
-        extra: dict[str, Any] = {}
-        for name in ("priority", "max_priority"):
-            value = entry.get(name, "interactive")
-            if value not in ("interactive", "batch"):
-                raise ConfigError.for_key(f"{where}.{name}", value,
-                                          "must be interactive or batch")
-            extra[name] = value
-        if extra["priority"] == "interactive" and extra["max_priority"] == "batch":
-            extra["priority"] = "batch"  # the default class stays under the ceiling
-        if "admin" in entry:
-            extra["admin"] = _coerce(f"{where}.admin", entry["admin"], bool)
-        if "max_pending_jobs" in entry:
-            extra["max_pending_jobs"] = _coerce(f"{where}.max_pending_jobs",
-                                                entry["max_pending_jobs"], int)
-            if extra["max_pending_jobs"] < 0:
-                raise ConfigError.for_key(f"{where}.max_pending_jobs",
-                                          extra["max_pending_jobs"], "must be zero or more")
-        secret = entry.get("callback_secret", "")
-        if not isinstance(secret, str) or (secret and len(secret) < 16):
-            raise ConfigError(f"Config '{where}.callback_secret' must be a string of at least "
-                              "16 characters", param=f"{where}.callback_secret")
-        keys.append(ApiKey(key=key, tenant=tenant, models=tuple(models),
-                           callback_secret=secret, **extra))
-    return tuple(keys)
-
-
-def _table(name: str, raw: Any, cls: Any, kinds: dict[str, type]) -> Any:
-    if not isinstance(raw, Mapping):
-        raise ConfigError.for_key(name, raw, "must be a table")
-    values = {}
-    for k, v in raw.items():
-        if k not in kinds:
-            raise ConfigError.for_key(f"{name}.{k}", v, "unknown key")
-        if kinds[k] is tuple:
-            if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
-                raise ConfigError.for_key(f"{name}.{k}", v, "must be a list of strings")
-            values[k] = tuple(v)
-        else:
-            values[k] = _coerce(f"{name}.{k}", v, kinds[k])
-    return cls(**values)
-
-
-def _cache(raw: Any) -> CacheConfig:
-    return _table("cache", raw, CacheConfig, {"enabled": bool, "backend": str,
-                                               "max_bytes": int, "ttl_s": float,
-                                               "redis_url": str, "redis_timeout_s": float})
-
-
-def _allow_entry(entry: str) -> None:
-    """A callback allowlist entry is a CIDR network, an IP address or a host name."""
-    import ipaddress
-
-    if "/" in entry or entry.replace(".", "").isdigit() or ":" in entry:
-        ipaddress.ip_network(entry, strict=False)
-    elif not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,252})", entry):
-        raise ValueError("must be a host name, an IP address or a CIDR network")
-
-
-def validate(config: ServerConfig) -> ServerConfig:
-    """Check every value; return the config unchanged or raise ``ConfigError``."""
-    if not 0 <= config.port <= 65535:
-        raise ConfigError.for_key("port", config.port, "must be between 0 and 65535")
-    if config.max_request_bytes < 1024:
-        raise ConfigError.for_key("max_request_bytes", config.max_request_bytes,
-                                  "must be at least 1024")
-    if config.log_level not in _LOG_LEVELS:
-        raise ConfigError.for_key("log_level", config.log_level,
-                                  f"must be one of: {', '.join(sorted(_LOG_LEVELS))}")
-    if not config.models:
-        raise ConfigError.for_key("models", [], "at least one model is needed")
-    for key in ("shutdown_drain_s", "shutdown_grace_s"):
-        if getattr(config, key) < 0:
-            raise ConfigError.for_key(key, getattr(config, key), "must be zero or more")
-    seen: set[str] = set()
-    for i, m in enumerate(config.models):
-        _validate_model(i, m)
-        if m.name in seen:
-            raise ConfigError.for_key(f"models[{i}].name", m.name, "duplicate model name")
-        seen.add(m.name)
-    if len({k.key for k in config.api_keys}) != len(config.api_keys):
-        raise ConfigError("Config 'api_keys': the same key is listed twice", param="api_keys")
-    for i, k in enumerate(config.api_keys):
-        for name in k.models:
-            if name not in seen:
-                raise ConfigError.for_key(f"api_keys[{i}].models", name, "no such model")
-    if config.jobs.backend not in ("sqlite", "redis"):
-        raise ConfigError.for_key("jobs.backend", config.jobs.backend, "must be sqlite or redis")
-    j = config.jobs
-    for key in ("concurrency", "max_pending_per_tenant", "max_attempts"):
-        if getattr(j, key) < 1:
-            raise ConfigError.for_key(f"jobs.{key}", getattr(j, key), "must be at least 1")
-    for key in ("redis_timeout_s", "result_ttl_s", "callback_timeout_s"):
-        if getattr(j, key) <= 0:
-            raise ConfigError.for_key(f"jobs.{key}", getattr(j, key), "must be more than zero")
-    if j.callback_secret and len(j.callback_secret) < 16:
-        raise ConfigError("Config 'jobs.callback_secret' must be at least 16 characters",
-                          param="jobs.callback_secret")
-    for entry in j.callback_allow:
-        try:
-            _allow_entry(entry)
-        except ValueError as exc:
-            raise ConfigError.for_key("jobs.callback_allow", entry, str(exc)) from None
-    c = config.cache
-    if c.backend not in ("memory", "redis"):
-        raise ConfigError.for_key("cache.backend", c.backend, "must be memory or redis")
-    if c.redis_timeout_s <= 0:
-        raise ConfigError.for_key("cache.redis_timeout_s", c.redis_timeout_s,
-                                  "must be more than zero")
-    if c.max_bytes < 0 or c.ttl_s <= 0:
-        raise ConfigError.for_key("cache.ttl_s" if c.ttl_s <= 0 else "cache.max_bytes",
-                                  c.ttl_s if c.ttl_s <= 0 else c.max_bytes, "out of range")
-    return config
+_TABLES = ("models", "api_keys", "cache", "jobs")
+_SCALARS = tuple(k for k in ServerConfig.__struct_fields__ if k not in _TABLES)
+"""The top-level keys that ``SOKUJI_<KEY>`` environment variables and CLI flags may set."""
+_BOOLS = {k for k in _SCALARS if isinstance(getattr(ServerConfig(), k), bool)}
+_WORDS = {"yes": True, "on": True, "no": False, "off": False}  # beside true/false/1/0
 
 
 def load(path: str | Path | None = None, env: Mapping[str, str] | None = None,
@@ -431,34 +232,190 @@ def load(path: str | Path | None = None, env: Mapping[str, str] | None = None,
             raise ConfigError.for_key("config", str(path), "no such file") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError.for_key("config", str(path), f"not valid TOML: {exc}") from None
-    tables = {"models", "api_keys", "cache", "jobs"}
-    for key in raw:
-        if key not in _SERVER_SCALARS and key not in tables:
-            raise ConfigError.for_key(key, raw[key], "unknown key")
-    values: dict[str, Any] = {k: _coerce(k, v, _SERVER_SCALARS[k])
-                              for k, v in raw.items() if k not in tables}
-    if "api_keys" in raw:
-        values["api_keys"] = _api_keys(raw["api_keys"])
-    if "cache" in raw:
-        values["cache"] = _cache(raw["cache"])
-    if "jobs" in raw:
-        values["jobs"] = _table("jobs", raw["jobs"], JobsConfig,
-                                {"enabled": bool, "backend": str, "redis_url": str,
-                                 "path": str, "concurrency": int, "redis_timeout_s": float,
-                                 "result_ttl_s": float, "max_pending_per_tenant": int,
-                                 "max_attempts": int, "callback_allow": tuple,
-                                 "callback_secret": str, "callback_timeout_s": float})
-    for key, kind in _SERVER_SCALARS.items():
-        env_value = env.get(f"{ENV_PREFIX}{key.upper()}")
-        if env_value is not None:
-            values[key] = _coerce(f"{ENV_PREFIX}{key.upper()}", env_value, kind)
+    names: dict[str, str] = {}  # keys whose value came from the environment: named so
+    for key in _SCALARS:
+        value = env.get(f"{ENV_PREFIX}{key.upper()}")
+        if value is not None:
+            raw[key], names[key] = _word(key, value), f"{ENV_PREFIX}{key.upper()}"
     for key, value in (overrides or {}).items():
         if value is not None:
-            values[key] = _coerce(key, value, _SERVER_SCALARS[key])
-    config = ServerConfig(**values)
-    if "models" in raw:
-        if not isinstance(raw["models"], list):
-            raise ConfigError.for_key("models", raw["models"], "must be an array of tables")
-        config = replace(config, models=tuple(
-            _model_from_mapping(i, m) for i, m in enumerate(raw["models"])))
-    return validate(config)
+            raw[key] = _word(key, value)
+            names.pop(key, None)
+    return _check(_convert(raw, names))
+
+
+def validate(config: ServerConfig) -> ServerConfig:
+    """Check every value of a config built in code (its constructors check nothing); return
+    it, as the checked copy that ``load`` would build, or raise ``ConfigError``."""
+    return _check(_convert(msgspec.to_builtins(config), {}))
+
+
+def _word(key: str, value: Any) -> Any:
+    if key in _BOOLS and isinstance(value, str):
+        return _WORDS.get(value.lower(), value)
+    return value
+
+
+def _convert(raw: dict[str, Any], names: Mapping[str, str]) -> ServerConfig:
+    try:
+        return msgspec.convert(raw, ServerConfig, strict=False)
+    except msgspec.ValidationError as exc:
+        raise _error(str(exc), raw, names) from None
+
+
+_AT = re.compile(r"(?s)(.*?)(?: - at `\$(.*)`)?")
+_PART = re.compile(r"\.([^.\[]+)|\[(\d+)\]")
+_FIELD = re.compile(r"Object (contains unknown|missing required) field `(.+)`")
+_BOUND = re.compile(r"Expected `\w+` (>=|>|<=|<) (\S+)")
+_TYPE = re.compile(r"Expected `(\w+)[^`]*`, got")
+_TYPE_REASONS = {"int": "not a valid integer", "float": "not a valid number",
+                 "bool": "not a valid bool", "str": "not a string", "object": "must be a table"}
+
+
+def _error(message: str, raw: Any, names: Mapping[str, str]) -> ConfigError:
+    """msgspec's error (``Expected `int` >= 1 - at `$.models[0].max_batch_size```) as a
+    ``ConfigError`` naming the key, the value (masked where it may be a secret) and a reason."""
+    match = _AT.fullmatch(message)
+    text, path = (match[1], match[2] or "") if match else (message, "")
+    parts: list[str | int] = [name or int(index) for name, index in _PART.findall(path)]
+    unknown = _FIELD.match(text)
+    if unknown:
+        parts.append(unknown[2])
+    kind = _annotation(parts)
+    if parts and isinstance(parts[-1], int) and not _is_table(kind):
+        parts.pop()  # an item of a list of strings: name the list, as the file does
+        kind = _annotation(parts)
+    if not parts:
+        return ConfigError(f"Config: {text}")
+    value = _lookup(raw, parts)
+    if unknown:
+        reason = "unknown key" if unknown[1] == "contains unknown" else "required key missing"
+    else:
+        reason = _reason(text, kind)
+        value = _typed(value, kind)
+    if isinstance(value, Mapping) or (parts[0] == "api_keys" and (
+            len(parts) == 1 or isinstance(parts[-1], int) or unknown)):
+        value = "..."  # a table, or what may be a key (``kye = ...``), is not echoed
+    key = names[str(parts[0])] if len(parts) == 1 and parts[0] in names else "".join(
+        f"[{p}]" if isinstance(p, int) else f".{p}" for p in parts)[1:]
+    return ConfigError.for_key(key, value, reason)
+
+
+def _reason(text: str, kind: Any) -> str:
+    wrong = _TYPE.match(text)
+    if wrong and wrong[1] in ("int", "float", "bool"):
+        return _TYPE_REASONS[wrong[1]]
+    for meta in getattr(kind, "__metadata__", ()):
+        if isinstance(meta, Meta) and meta.extra and "reason" in meta.extra:
+            return str(meta.extra["reason"])
+    bare = _bare(kind)
+    choices = get_args(bare) if get_origin(bare) is Literal else (
+        tuple(m.value for m in bare) if isinstance(bare, type) and issubclass(bare, enum.Enum)
+        else ())
+    if choices:
+        return (f"must be {choices[0]} or {choices[1]}" if len(choices) == 2
+                else f"must be one of: {', '.join(map(str, choices))}")
+    bound = _BOUND.match(text)
+    if bound:
+        op, limit = bound[1], bound[2]
+        zero = float(limit) == 0
+        return {">=": "must be zero or more" if zero else f"must be at least {limit}",
+                ">": "must be more than zero" if zero else f"must be more than {limit}",
+                "<=": f"must be at most {limit}", "<": f"must be less than {limit}"}[op]
+    if wrong and wrong[1] == "array":
+        return "must be an array of tables" if _is_table(_item(kind)) else "must be a list"
+    if wrong and wrong[1] in _TYPE_REASONS:
+        return _TYPE_REASONS[wrong[1]]
+    return text[:1].lower() + text[1:]
+
+
+def _bare(kind: Any) -> Any:
+    return get_args(kind)[0] if get_origin(kind) is Annotated else kind
+
+
+def _item(kind: Any) -> Any:
+    args = get_args(_bare(kind))
+    return args[0] if args else Any
+
+
+def _is_table(kind: Any) -> bool:
+    bare = _bare(kind)
+    return isinstance(bare, type) and issubclass(bare, Struct)
+
+
+def _annotation(parts: list[str | int]) -> Any:
+    """The declared type (with its ``Meta``) of the value at ``parts``; ``Any`` if none."""
+    kind: Any = ServerConfig
+    for part in parts:
+        if isinstance(part, int):
+            kind = _item(kind)
+        elif _is_table(kind):
+            kind = get_type_hints(_bare(kind), include_extras=True).get(part, Any)
+        else:
+            return Any
+    return kind
+
+
+def _lookup(raw: Any, parts: list[str | int]) -> Any:
+    for part in parts:
+        try:
+            raw = raw[part]
+        except (KeyError, IndexError, TypeError):
+            return None
+    return raw
+
+
+def _typed(value: Any, kind: Any) -> Any:
+    """The value as its field's type would hold it (``-1`` for a float field: ``-1.0``)."""
+    bare = _bare(kind)
+    if bare in (int, float, str, bool):
+        try:
+            return msgspec.convert(value, bare, strict=False)
+        except msgspec.ValidationError:
+            pass
+    return value
+
+
+def _check(config: ServerConfig) -> ServerConfig:
+    """What the schema cannot say: relations between fields, files, network names."""
+    seen: set[str] = set()
+    for i, m in enumerate(config.models):
+        at = f"models[{i}]"
+        if m.runtime == "onnx" and m.path is None and m.name != DEFAULT_MODEL_NAME:
+            raise ConfigError.for_key(f"{at}.path", None,
+                                      "an onnx model other than the built-in minilm needs a path")
+        if m.variant != "fp32" and m.runtime != "onnx":
+            raise ConfigError.for_key(f"{at}.variant", m.variant, "variants are for onnx models")
+        if m.path is not None and m.runtime in ("onnx", "llama") and not Path(m.path).is_file():
+            raise ConfigError.for_key(f"{at}.path", m.path, "no such file")
+        if m.name in seen:
+            raise ConfigError.for_key(f"{at}.name", m.name, "duplicate model name")
+        seen.add(m.name)
+    if len({k.key for k in config.api_keys}) != len(config.api_keys):
+        raise ConfigError("Config 'api_keys': the same key is listed twice", param="api_keys")
+    for i, k in enumerate(config.api_keys):
+        for name in k.models:
+            if name not in seen:
+                raise ConfigError.for_key(f"api_keys[{i}].models", name, "no such model")
+        _check_hosts(f"api_keys[{i}].callback_allow", k.callback_allow)
+    _check_hosts("jobs.callback_allow", config.jobs.callback_allow)
+    if config.jobs.max_stored_bytes_per_tenant < config.max_request_bytes:
+        raise ConfigError.for_key("jobs.max_stored_bytes_per_tenant",
+                                  config.jobs.max_stored_bytes_per_tenant,
+                                  f"must be at least max_request_bytes "
+                                  f"({config.max_request_bytes})")
+    return config
+
+
+def _check_hosts(key: str, entries: tuple[str, ...]) -> None:
+    """A callback allowlist entry is a CIDR network, an IP address or a host name."""
+    import ipaddress
+
+    for entry in entries:
+        try:
+            if "/" in entry or entry.replace(".", "").isdigit() or ":" in entry:
+                ipaddress.ip_network(entry, strict=False)
+            elif not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,252})", entry):
+                raise ValueError("must be a host name, an IP address or a CIDR network")
+        except ValueError as exc:
+            raise ConfigError.for_key(key, entry, str(exc)) from None

@@ -24,6 +24,10 @@ exc``); one handler in the server maps this tree to responses and one catch-all 
 
 from __future__ import annotations
 
+import re
+
+_URL_PASSWORD = re.compile(r"(://[^/@:\s]*:)[^/@\s]*@")
+
 
 class SokujiError(Exception):
     status: int = 500
@@ -42,7 +46,15 @@ class ConfigError(SokujiError):
 
     @classmethod
     def for_key(cls, key: str, value: object, reason: str) -> ConfigError:
-        return cls(f"Config '{key}' has value {value!r}: {reason}", param=key)
+        """Names the key and the value, except what may be a secret: the value of a key named
+        like one (``key``, ``*secret*``, ``*password*``, ``*token*``) is ``'***'``, and a
+        URL's password is masked wherever it appears (a typo in a key name included)."""
+        leaf = key.rsplit(".", 1)[-1].lower()
+        if leaf == "key" or any(w in leaf for w in ("secret", "password", "token")):
+            shown = "'***'"
+        else:
+            shown = _URL_PASSWORD.sub(r"\1***@", repr(value))
+        return cls(f"Config '{key}' has value {shown}: {reason}", param=key)
 
 
 class BadRequest(SokujiError):

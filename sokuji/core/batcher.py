@@ -31,10 +31,10 @@ import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
-from sokuji.config import BatchPolicy
+from sokuji.config import BatchPolicy, ModelConfig
 from sokuji.core import policy
 from sokuji.core.request import InferenceRequest, Prepared, Stage
 from sokuji.errors import DeadlineExceeded, RuntimeFailed, SokujiError
@@ -44,19 +44,31 @@ log = logging.getLogger(__name__)
 RunBatch = Callable[[Sequence[Prepared]], list[Any]]
 
 
+_MODEL = ModelConfig(name="-")  # the defaults, declared once in sokuji.config's schema
+
+
 @dataclass(frozen=True)
 class BatcherConfig:
-    max_batch_size: int = 32
-    max_batch_tokens: int = 8192
-    max_queue_delay_ms: float = 2.0
-    policy: BatchPolicy = BatchPolicy.LENGTH
-    instances: int = 1
-    max_queue_depth: int = 1024
-    max_concurrency: int = 0
+    """The batcher's share of a ``ModelConfig`` (``from_model``); defaults are the schema's."""
+
+    max_batch_size: int = _MODEL.max_batch_size
+    max_batch_tokens: int = _MODEL.max_batch_tokens
+    max_queue_delay_ms: float = _MODEL.max_queue_delay_ms
+    policy: BatchPolicy = _MODEL.batching
+    instances: int = _MODEL.instances
+    max_queue_depth: int = _MODEL.max_queue_depth
+    max_concurrency: int = _MODEL.max_concurrency
     """Requests admitted (queued or running) at once; 0: bounded by the queue depth only."""
-    priority_aging_ms: float = 1000.0
+    priority_aging_ms: float = _MODEL.priority_aging_ms
     worker_nice: int = 5
     """Niceness added to the worker threads (Linux), so the event loop wins the CPU."""
+
+    @classmethod
+    def from_model(cls, mc: ModelConfig) -> BatcherConfig:
+        """Every field but ``policy`` (``batching`` there) and ``worker_nice`` is named as in
+        ``ModelConfig``."""
+        same = {f.name for f in fields(cls)} - {"policy", "worker_nice"}
+        return cls(policy=mc.batching, **{name: getattr(mc, name) for name in same})
 
 
 @dataclass(frozen=True)

@@ -32,28 +32,45 @@ import threading
 import time
 from dataclasses import dataclass
 
+from sokuji.config import ModelConfig
 from sokuji.core import policy
 from sokuji.errors import DeadlineExceeded, ModelNotReady, RuntimeFailed, SokujiError
 from sokuji.llm.native import LlamaModel, Sampler
 from sokuji.llm.prefix_cache import PrefixCache
 from sokuji.llm.request import Delta, Finish, GenerationRequest, TextAssembler, now_ns
+from sokuji.llm.runtime import LlamaOptions
 
 log = logging.getLogger(__name__)
+
+# The defaults, declared once: in sokuji.config's schema and the runtime's options.
+_MODEL, _OPTIONS = ModelConfig(name="-", runtime="llama"), LlamaOptions()
 
 
 @dataclass(frozen=True)
 class EngineConfig:
-    n_batch: int = 512
-    prefill_chunk: int = 128
-    max_queue_depth: int = 256
-    max_concurrency: int = 0
+    """The engine's share of a llama model's config (``from_options``)."""
+
+    n_batch: int = _OPTIONS.n_batch
+    prefill_chunk: int = _OPTIONS.prefill_chunk
+    max_queue_depth: int = _MODEL.max_queue_depth
+    max_concurrency: int = _MODEL.max_concurrency
     """Generations admitted (waiting or running) at once; 0: bounded by the queue only."""
-    priority_aging_ms: float = 1000.0
-    prefix_cache_bytes: int = 256 * 1024 * 1024
-    prefix_cache_min_tokens: int = 16
-    split_small_batches: bool = True
+    priority_aging_ms: float = _MODEL.priority_aging_ms
+    prefix_cache_bytes: int = _OPTIONS.prefix_cache_mb * 1024 * 1024
+    prefix_cache_min_tokens: int = _OPTIONS.prefix_cache_min_tokens
+    split_small_batches: bool = _OPTIONS.split_small_batches
     """Decode a pure-decode batch row by row when that measured cheaper (see
     ``_split_is_cheaper``); False always decodes the batch together."""
+
+    @classmethod
+    def from_options(cls, o: LlamaOptions, max_queue_depth: int, priority_aging_ms: float,
+                     max_concurrency: int = 0) -> EngineConfig:
+        return cls(n_batch=o.n_batch, prefill_chunk=o.prefill_chunk,
+                   max_queue_depth=max_queue_depth, max_concurrency=max_concurrency,
+                   priority_aging_ms=priority_aging_ms,
+                   prefix_cache_bytes=o.prefix_cache_mb * 1024 * 1024,
+                   prefix_cache_min_tokens=o.prefix_cache_min_tokens,
+                   split_small_batches=o.split_small_batches)
 
 
 class _Seq:

@@ -3,8 +3,9 @@
 
 - ``prepare(GenerationInput, ctx)``: the chat template, the prompt's size in bytes, then
   tokens, then ``max_tokens`` / ``min_tokens`` against the context left (400s naming the
-  field). Inputs over ``INLINE_MAX_CHARS`` characters are prepared in a worker thread, never
-  on the event loop; smaller ones inline (a thread hop would cost more than they do).
+  field). Inputs over ``INLINE_MAX_CHARS`` characters are prepared in the ``sokuji-prep``
+  pool (``core/offload.py``), never on the event loop; smaller ones inline (a thread hop
+  would cost more than they do).
 - ``submit(prepared, ctx)``: the engine's admission (429), the deadline check (504), the
   queue; the handle is the ``GenerationRequest``: ``events()`` / ``result()`` / ``cancel()``.
 """
@@ -15,6 +16,7 @@ import asyncio
 from dataclasses import dataclass
 
 from sokuji.config import ModelConfig
+from sokuji.core import offload
 from sokuji.core.model import Capacity, GenerationInput, ModelKind, ModelMetadata, RequestContext
 from sokuji.llm.engine import GenerationEngine
 from sokuji.llm.request import GenerationRequest, SamplingParams
@@ -70,7 +72,7 @@ class GeneratorModel:
 
     async def prepare(self, inputs: GenerationInput, ctx: RequestContext) -> PreparedGeneration:
         if _size(inputs) > INLINE_MAX_CHARS:
-            return await asyncio.to_thread(self.prepare_now, inputs)
+            return await offload.run(self.prepare_now, inputs)
         return self.prepare_now(inputs)
 
     def prepare_now(self, inputs: GenerationInput) -> PreparedGeneration:

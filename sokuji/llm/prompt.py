@@ -16,7 +16,9 @@ The checks run cheapest first, each before the work it protects:
 
 All of it is synchronous and touches no event loop: the server runs it inline for small
 bodies and in a worker thread for large ones (``llama_tokenize`` and Jinja are safe to call
-there; ctypes releases the GIL while llama.cpp tokenises).
+there; ctypes releases the GIL while llama.cpp tokenises). Each call holds the builder's
+``calls`` gate, so closing the model waits for calls in flight before freeing the vocabulary
+(a cancelled request does not stop its worker thread), and refuses new ones (503).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+from sokuji.core.offload import CallGate
 from sokuji.errors import InvalidInput
 from sokuji.llm.request import SamplingParams
 
@@ -64,11 +67,20 @@ class PromptBuilder:
             self.prompt_limit * model.max_piece_bytes if model.lossless else None)
         """Longer texts (UTF-8 bytes) cannot fit; None where the tokenizer has no such
         bound."""
+        self.calls = CallGate(f"model '{name}'")
+        """Calls of ``tokens`` in flight (from any thread); the runtime closes it before it
+        frees the model."""
 
     def tokens(self, *, text: str | None = None, messages: list[dict[str, str]] | None = None,
                token_ids: Sequence[int] | None = None) -> list[int]:
         """The prompt's token ids (exactly one of the three given); 400 when it is empty,
-        outside the vocabulary, or longer than the model takes."""
+        outside the vocabulary, or longer than the model takes; 503 once the model is
+        closing."""
+        with self.calls:
+            return self._tokens(text, messages, token_ids)
+
+    def _tokens(self, text: str | None, messages: list[dict[str, str]] | None,
+                token_ids: Sequence[int] | None) -> list[int]:
         what = "messages" if messages is not None else "prompt"
         if token_ids is not None:
             self._check_count(len(token_ids), what)

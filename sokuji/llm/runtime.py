@@ -25,6 +25,7 @@ Options (``[models.options]``), all optional:
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
     from sokuji.llm.engine import GenerationEngine
     from sokuji.llm.prompt import PromptBuilder
 
+log = logging.getLogger(__name__)
 SMOLLM2 = "smollm2"
 
 
@@ -107,6 +109,10 @@ class LlamaRuntime:
     """Loads the GGUF and builds its prompt rules and engine (not an encoder ``Runtime``:
     ``llm/generator.py`` serves it under the model contract)."""
 
+    close_wait_s = 10.0
+    """How long ``close`` waits for prompt tokenisations in flight (each is bounded by the
+    prompt's size check: tens of milliseconds) before giving up on freeing the model."""
+
     def __init__(self, name: str, path: str | None, options: Mapping[str, Any],
                  cache_dir: str, max_queue_depth: int, priority_aging_ms: float,
                  max_concurrency: int = 0) -> None:
@@ -145,13 +151,8 @@ class LlamaRuntime:
         self.chat = ChatTemplate(o.chat_template or self.model.chat_template,
                                  self.model.bos, self.model.eos)
         self.prompts = PromptBuilder(self.name, self.model, self.chat, o)
-        self.engine = GenerationEngine(self.name, self.model, EngineConfig(
-            n_batch=o.n_batch, prefill_chunk=o.prefill_chunk,
-            max_queue_depth=self.max_queue_depth, max_concurrency=self.max_concurrency,
-            priority_aging_ms=self.priority_aging_ms,
-            prefix_cache_bytes=o.prefix_cache_mb * 1024 * 1024,
-            prefix_cache_min_tokens=o.prefix_cache_min_tokens,
-            split_small_batches=o.split_small_batches))
+        self.engine = GenerationEngine(self.name, self.model, EngineConfig.from_options(
+            o, self.max_queue_depth, self.priority_aging_ms, self.max_concurrency))
 
     def warmup(self) -> None:
         self.engine.warmup()
@@ -162,6 +163,16 @@ class LlamaRuntime:
                              outputs=(TensorSpec("text_output", "BYTES", (1,)),))
 
     def close(self) -> None:
-        if self.model is not None:
-            self.model.close()
-            self.model = None
+        """Free the model once no prompt is being tokenised (new ones get 503 from now on).
+        Call it after the engine stopped. If a tokenisation is still running after
+        ``close_wait_s``, the model is left allocated until the process exits: freeing the
+        vocabulary under a running ``llama_tokenize`` would be a use-after-free."""
+        if self.model is None:
+            return
+        if self.prompts is not None and not self.prompts.calls.close(self.close_wait_s):
+            log.error("model %s: %d prompt tokenisation(s) still running after %.0f s; the "
+                      "model is not freed", self.name, self.prompts.calls.in_flight,
+                      self.close_wait_s)
+            return
+        self.model.close()
+        self.model = None

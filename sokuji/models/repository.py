@@ -141,13 +141,16 @@ class ModelRepository:
     models: dict[str, Model] = field(default_factory=dict)
     draining: bool = False
     """Shutting down: not ready, but requests that still arrive are served until the end."""
+    list_in_errors: bool = False
+    """Whether a 404 lists the models (or versions) there are. Only on an open server (no
+    API keys): with keys, a caller must not learn other tenants' model names from a typo."""
 
     @classmethod
     def load(cls, config: ServerConfig,
              on_batch: Callable[[str], Callable[[BatchInfo], None]] | None = None,
              ) -> ModelRepository:
         """Build, load and warm every configured model (blocking; call before serving)."""
-        repo = cls()
+        repo = cls(list_in_errors=not config.api_keys)
         for mc in config.models:
             if mc.runtime == "onnx":
                 repo.models[mc.name] = _load_onnx(mc, config, on_batch)
@@ -183,20 +186,25 @@ class ModelRepository:
         for model in self.every():
             model.started = False
         await asyncio.gather(*(m.served.stop() for m in self.every()))
-        for model in self.every():
-            model.served.close()
+        # In threads: a model's close may wait (bounded) for work it must not free under,
+        # e.g. a prompt still being tokenised in a worker thread (LlamaRuntime.close).
+        await asyncio.gather(*(asyncio.to_thread(m.served.close) for m in self.every()))
 
     def get(self, name: str, version: str | None = None) -> Model:
+        """The model (version) by name; 404 naming what is missing, and what there is only
+        when ``list_in_errors``."""
         model = self.models.get(name)
         if model is None:
-            raise ModelNotFound(f"unknown model '{name}'; available: "
-                                f"{', '.join(sorted(self.models)) or 'none'}", param="model")
+            listed = (f"; available: {', '.join(sorted(self.models)) or 'none'}"
+                      if self.list_in_errors else "")
+            raise ModelNotFound(f"unknown model '{name}'{listed}", param="model")
         if version in model.variants:
             return model.variants[version]
         if version not in (None, "", model.version, model.variant or model.version):
             versions = [model.version, *(v for v in [model.variant] if v), *model.variants]
-            raise ModelNotFound(f"model '{name}' has no version '{version}'; "
-                                f"available: {', '.join(versions)}", param="version")
+            listed = f"; available: {', '.join(versions)}" if self.list_in_errors else ""
+            raise ModelNotFound(f"model '{name}' has no version '{version}'{listed}",
+                                param="version")
         return model
 
     def get_ready(self, name: str, version: str | None = None) -> Model:
@@ -216,11 +224,7 @@ def _batched(mc: ModelConfig, runtime: Runtime,
              metric_name: str) -> Model:
     batcher = DynamicBatcher(
         metric_name, runtime.run_batch,
-        BatcherConfig(max_batch_size=mc.max_batch_size, max_batch_tokens=mc.max_batch_tokens,
-                      max_queue_delay_ms=mc.max_queue_delay_ms, policy=mc.batching,
-                      instances=mc.instances, max_queue_depth=mc.max_queue_depth,
-                      max_concurrency=mc.max_concurrency,
-                      priority_aging_ms=mc.priority_aging_ms),
+        BatcherConfig.from_model(mc),
         on_batch=on_batch(metric_name) if on_batch else None)
     return Model(mc, EncoderModel(mc, runtime, batcher))
 

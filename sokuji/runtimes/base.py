@@ -2,9 +2,12 @@
 ``core``: ``Prepared``, ``ModelMetadata``, ``TensorSpec``).
 
 ``models/encoder.py`` wraps a runtime and its batcher into a served model. A runtime is
-loaded once, warmed up once, then called: ``preprocess`` on the event loop (cheap, per
-request), ``run_batch`` in a worker thread (heavy; the runtime must release the GIL while it
-computes).
+loaded once, warmed up once, then called: ``preprocess`` per request, on the event loop for
+short inputs and in a worker thread for long ones (so it must be thread-safe, and bound its
+own cost however long a text is), ``run_batch`` in a worker thread (heavy; the runtime must
+release the GIL while it computes). ``close`` may be called while a ``preprocess`` still runs
+in its thread (a cancelled request does not stop it): it must not free what ``preprocess``
+uses, or must wait for it first.
 """
 
 from __future__ import annotations
@@ -30,7 +33,9 @@ class Runtime(Protocol):
     def describe(self) -> ModelMetadata: ...
 
     def preprocess(self, texts: Sequence[str]) -> Prepared:
-        """Tokenise or otherwise prepare one request's items; cheap, runs on the event loop."""
+        """Tokenise or otherwise prepare one request's items. Cheap for short inputs (it runs
+        on the event loop); bounded for long ones (it reads a text only as far as the model
+        does, or refuses it with ``InvalidInput``)."""
 
     def run_batch(self, batch: Sequence[Prepared]) -> list[np.ndarray]:
         """Run several requests' items together.

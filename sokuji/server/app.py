@@ -269,9 +269,11 @@ class SokujiApp:
         self.metrics.observe_failure(model.metric_name, elapsed_ns)
 
     async def respond(self, method: str, path: str, headers: Headers, receive: Receive,
-                      t0: int, tenant: Tenant, route: Route | None = None) -> Reply | None:
+                      t0: int, tenant: Tenant | SokujiError,
+                      route: Route | None = None) -> Reply | None:
         """The inference path as a function, for a request already authenticated (the
-        tenant: from the headers, or the job's owner): the reply, or None if the client
+        tenant: from the headers, or the job's key; or the refusal of a job whose key lost
+        its rights, answered like any error of the route): the reply, or None if the client
         went away."""
         route = route or self.route(path)
         assert route is not None
@@ -281,6 +283,8 @@ class SokujiApp:
         async def run() -> Reply:
             if method != "POST":
                 raise MethodNotAllowed(f"{method} is not allowed on {path}; use POST")
+            if isinstance(tenant, SokujiError):
+                raise tenant
             model, body, out_headers = await endpoint(params, headers, receive, tl, tenant)
             tl.mark(Stage.ENCODE)
             out_headers["server-timing"] = tl.server_timing()

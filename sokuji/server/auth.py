@@ -9,10 +9,15 @@ A tenant carries what it may do: its models (403 outside them, on the inference 
 the control plane alike), its default priority class and the highest class it may ask for
 (``max_priority``: a header or V2 parameter cannot lift it above), and whether it is an
 ``admin`` (``/metrics`` when ``metrics_require_key``; statistics of every model).
+
+Each key has an identity that is not the secret, ``key_id`` (16 hex digits of SHA-256 over
+``"sokuji-key:" + key``): work accepted earlier (jobs) records it and runs with exactly that
+key's rights as configured now, or not at all if the key is gone (``by_key_id``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -34,6 +39,8 @@ class Tenant:
     """The highest class its requests may ask for (``batch``: never interactive)."""
     admin: bool = False
     """May read /metrics when it needs a key, and every model's statistics."""
+    key_id: str = ""
+    """The identity of the key that authenticated it (``key_id``); empty: no keys."""
 
     def may_use(self, model: str) -> bool:
         return self.models is None or model in self.models
@@ -49,22 +56,28 @@ OPEN = Tenant(ANONYMOUS, None, admin=True)
 """The caller when no keys are configured: the server is open, control plane included."""
 
 
+def key_id(key: str) -> str:
+    """A stable name for an API key that is not the key: 16 hex digits of SHA-256 over
+    ``"sokuji-key:" + key``. Stored with jobs; it names the key, it cannot be used as one."""
+    return hashlib.sha256(b"sokuji-key:" + key.encode()).hexdigest()[:16]
+
+
 class Authenticator:
     def __init__(self, keys: tuple[ApiKey, ...]) -> None:
         self._keys = [(k.key.encode(), Tenant(k.tenant, frozenset(k.models) or None,
-                                              k.priority, k.max_priority, k.admin))
+                                              k.priority, k.max_priority, k.admin,
+                                              key_id(k.key)))
                       for k in keys]
+        self._by_id = {tenant.key_id: tenant for _, tenant in self._keys}
 
     @property
     def enabled(self) -> bool:
         return bool(self._keys)
 
-    def tenant(self, name: str) -> Tenant:
-        """The tenant called ``name`` (with its model list), for work accepted earlier."""
-        for _, tenant in self._keys:
-            if tenant.name == name:
-                return tenant
-        return Tenant(name, None)
+    def by_key_id(self, identity: str) -> Tenant | None:
+        """The rights of the key whose ``key_id`` is ``identity``, as configured now; None if
+        no configured key has it (removed since, or never there)."""
+        return self._by_id.get(identity)
 
     def authenticate(self, headers: Mapping[str, str]) -> Tenant:
         if not self._keys:

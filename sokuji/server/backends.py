@@ -57,7 +57,10 @@ def build_cache(config: ServerConfig, metrics: Metrics) -> ResponseCache | None:
         backend = MemoryBackend(c.max_bytes, c.ttl_s)
     for op in ("get", "set"):
         metrics.cache_errors.labels(op)  # exported as 0 from the start, so rate() works
-    return ResponseCache(backend, on_result=metrics.cache_result, on_error=metrics.cache_error)
+    from sokuji.core.cache import Breaker
+
+    return ResponseCache(backend, on_result=metrics.cache_result, on_error=metrics.cache_error,
+                         breaker=Breaker(c.breaker_failures, c.breaker_cooldown_s))
 
 
 def job_store(config: ServerConfig) -> Any:

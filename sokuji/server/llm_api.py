@@ -4,12 +4,12 @@ This module only translates: body read (bounded) -> ``llm_codec.decode`` (the Op
 fields, honoured or refused by name) -> the model's ``prepare`` (template, tokens, limits:
 4xx) and ``submit`` (admission 429, deadline 504, queue) under the model contract
 (``core/model.py``) -> tokens as they come, as server-sent events (``stream: true``) or one
-JSON body. Bodies over ``INLINE_MAX_BYTES`` are decoded in a worker thread, never on the
-event loop (the model prepares large inputs off the loop too). The response waits for the
-first event before its status is sent, so a request that fails in the queue (deadline,
-shutdown) still gets a proper status code. A client that disconnects cancels its
-generation: a task watches ``receive()`` for ``http.disconnect`` for the request's whole
-life. The caller was authenticated by the app, once.
+JSON body. Bodies over ``INLINE_MAX_BYTES`` are decoded in the ``sokuji-prep`` pool
+(``core/offload.py``), never on the event loop (the model prepares large inputs there too).
+The response waits for the first event before its status is sent, so a request that fails
+in the queue (deadline, shutdown) still gets a proper status code. A client that disconnects
+cancels its generation: a task watches ``receive()`` for ``http.disconnect`` for the
+request's whole life. The caller was authenticated by the app, once.
 
 Timing: ``Server-Timing`` on non-streaming responses; a streamed response ends with the same
 text as an SSE comment (``: server-timing ...``) just before ``data: [DONE]``.
@@ -27,6 +27,7 @@ from typing import ParamSpec, TypeVar
 from starlette.types import Receive, Send
 
 from sokuji.config import ServerConfig
+from sokuji.core import offload
 from sokuji.errors import SokujiError
 from sokuji.llm.request import Delta, Finish, GenerationRequest
 from sokuji.models.repository import Model, ModelRepository
@@ -48,8 +49,10 @@ T = TypeVar("T")
 
 async def _maybe_off_loop(off: bool, fn: Callable[P, T], *args: P.args,
                           **kwargs: P.kwargs) -> T:
+    """``fn`` in the ``sokuji-prep`` pool when ``off``, else inline. (Not asyncio's default
+    executor: that one also runs DNS lookups and store I/O.)"""
     if off:
-        return await asyncio.to_thread(fn, *args, **kwargs)
+        return await offload.run(fn, *args, **kwargs)
     return fn(*args, **kwargs)
 
 
@@ -68,7 +71,7 @@ class Generation:
             body = await read_body(receive, headers, self.config.max_request_bytes)
             req = await _maybe_off_loop(len(body) > INLINE_MAX_BYTES, llm_codec.decode, body,
                                         PATHS[path])
-            tenant.check_model(req.model)  # before the lookup: a 404 would list the models
+            tenant.check_model(req.model)  # before the lookup: 403 tells nothing of others
             model = self.repo.get_ready(req.model)
             model_name = model.name
             generator = model.generator()

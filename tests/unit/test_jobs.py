@@ -4,6 +4,7 @@ and retries of transient answers (callbacks: test_callbacks.py)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import tempfile
 import threading
 import time
@@ -227,3 +228,128 @@ def test_backoff_doubles_and_honours_retry_after() -> None:
     assert 30 <= server_jobs.backoff_s(1, "30") <= 37.5
     assert server_jobs.backoff_s(40, None) <= server_jobs.RETRY_MAX_S * 1.25
     assert base <= server_jobs.backoff_s(1, "soon") <= base * 1.25
+
+
+# --- a job runs with exactly the rights of the key that submitted it -------------------------
+WIDE = cfg.ApiKey(key="key-of-acme-wide", tenant="acme")
+NARROW = cfg.ApiKey(key="key-of-acme-narrow", tenant="acme", models=("synth",),
+                    max_priority="batch")
+
+
+def record_runs(client: TestClient) -> list[tuple[dict[str, str], Any]]:
+    """What the runner hands the inference path for each job: (headers, tenant)."""
+    jobs = client.app.jobs  # type: ignore[attr-defined]
+    original, seen = jobs._respond, []
+
+    async def recording(method: str, path: str, headers: dict[str, str], *args: Any) -> Any:
+        seen.append((headers, args[-1]))
+        return await original(method, path, headers, *args)
+
+    jobs._respond = recording
+    return seen
+
+
+@pytest.mark.parametrize("keys", [(WIDE, NARROW), (NARROW, WIDE)], ids=["wide-first",
+                                                                       "narrow-first"])
+def test_a_job_runs_with_its_own_keys_rights_and_priority(keys: tuple[cfg.ApiKey, ...]
+                                                          ) -> None:
+    """Two keys of one tenant: each job runs with its own key's models and ceiling, whatever
+    the order of the keys in the config, and its priority is the one the sync call gets."""
+    interactive = {**ASYNC, "x-sokuji-priority": "interactive"}
+    with client_for(server_config(api_keys=keys)) as client:
+        seen = record_runs(client)
+        wide = {"authorization": f"Bearer {WIDE.key}"}
+        narrow = {"authorization": f"Bearer {NARROW.key}"}
+        r = client.post("/v2/models/other/infer", json=body("x"), headers={**interactive,
+                                                                            **wide})
+        assert finished(client, r.headers["location"], wide)["status"] == "done"
+        assert client.post("/v2/models/other/infer", json=body("x"),
+                           headers={**interactive, **narrow}).status_code == 403
+        r = client.post(INFER, json=body("x"), headers={**interactive, **narrow})
+        assert finished(client, r.headers["location"], narrow)["status"] == "done"
+        r = client.post(INFER, json=body("x"), headers={**ASYNC, **wide})
+        assert finished(client, r.headers["location"], wide)["status"] == "done"
+        r = client.post(INFER, json=body("x"), headers={**ASYNC, **wide,
+                                                        "x-sokuji-priority": "urgent"})
+        assert r.status_code == 400  # a bad priority is refused at submit, not stored
+    (wide_h, wide_t), (narrow_h, narrow_t), (default_h, _) = seen
+    assert wide_h["x-sokuji-priority"] == "interactive" and wide_t.models is None
+    assert narrow_h["x-sokuji-priority"] == "batch"  # the ceiling, settled at submit
+    assert narrow_t.max_priority == "batch" and narrow_t.models == frozenset({"synth"})
+    assert default_h["x-sokuji-priority"] == "batch"  # jobs default to batch
+
+
+def test_a_job_whose_key_is_gone_is_not_run_and_says_why(tmp_path: Path) -> None:
+    """Jobs stored earlier: by a key removed since (401), by a key now given to another
+    tenant (403), by an older version that did not record the key (401), while the server
+    needed no key (401). None runs with wider rights; each has a stored answer naming why,
+    never a 500."""
+    from sokuji.server.auth import key_id
+
+    store = JobStore(tmp_path / "jobs.sqlite")
+    gone = store.submit("acme", INFER, {}, b"{}", key_id=key_id("key-of-acme-removed"))
+    moved = store.submit("acme", INFER, {}, b"{}", key_id=key_id("key-of-bolt-0002"))
+    old = store.submit("acme", INFER, {}, b"{}")
+    keyless = store.submit("acme", INFER, {}, b"{}", key_id="")  # the server was open then
+    store.close()
+    config = server_config(api_keys=KEYS, cache_dir=str(tmp_path))
+    acme = {"authorization": "Bearer key-of-acme-0001"}
+    with client_for(config) as client:
+        for job_id, status, words in ((gone, 401, "no longer configured"),
+                                      (moved, 403, "another tenant"),
+                                      (old, 401, "older version"),
+                                      (keyless, 401, "needed no API key")):
+            doc = finished(client, f"/v2/jobs/{job_id}", acme)
+            assert doc["status"] == "failed" and doc["attempts"] == 1
+            result = client.get(doc["result"], headers=acme)
+            assert result.status_code == status and words in result.text
+
+
+def test_quotas_are_checked_before_the_callback_host_is_looked_up(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from sokuji.server import callbacks
+
+    looked_up: list[str] = []
+
+    def lookup(host: str, port: int) -> list[str]:
+        looked_up.append(host)
+        return ["93.184.215.14"]
+
+    monkeypatch.setattr(callbacks, "lookup", lookup)
+    keys = (cfg.ApiKey(key="key-of-acme-0001", tenant="acme", max_pending_jobs=1),
+            cfg.ApiKey(key="key-of-bolt-0002", tenant="bolt"))
+    hook = {**ASYNC, "x-sokuji-callback-url": "http://hook.test/"}
+    acme = {**hook, "authorization": "Bearer key-of-acme-0001"}
+    bolt = {**hook, "authorization": "Bearer key-of-bolt-0002"}
+    with client_for(server_config(api_keys=keys, jobs=cfg.JobsConfig(concurrency=1))) as client:
+        gate = gate_jobs(client)
+        assert client.post(INFER, json=body("x"), headers=acme).status_code == 202
+        assert looked_up == ["hook.test"]
+        r = client.post(INFER, json=body("x"), headers=acme)
+        assert r.status_code == 429 and "already has 1 unfinished" in r.json()["error"]
+        client.app.jobs.max_stored_bytes = 10  # type: ignore[attr-defined]
+        r = client.post(INFER, json=body("x"), headers=bolt)
+        assert r.status_code == 429 and "more than 10 bytes" in r.json()["error"]
+        assert looked_up == ["hook.test"]  # neither refusal cost a lookup
+        gate.set()
+
+
+def test_a_tenant_has_a_bound_on_stored_bytes_and_bodies_are_freed() -> None:
+    """Bodies of unfinished jobs count against the tenant's stored bytes; once a job is done
+    its body is deleted and only its result counts."""
+    payload = body("x" * 1000)
+    size = len(json.dumps(payload))
+    with client_for(server_config(jobs=cfg.JobsConfig(concurrency=1))) as client:
+        jobs = client.app.jobs  # type: ignore[attr-defined]
+        jobs.max_stored_bytes = 2 * size + size // 2
+        gate = gate_jobs(client)
+        first = [client.post(INFER, json=payload, headers=ASYNC) for _ in range(2)]
+        assert [r.status_code for r in first] == [202, 202]
+        r = client.post(INFER, json=payload, headers=ASYNC)
+        assert r.status_code == 429 and r.headers["retry-after"] == "60"
+        assert f"more than {jobs.max_stored_bytes} bytes" in r.json()["error"]
+        gate.set()
+        for job in first:
+            finished(client, job.headers["location"])
+            assert jobs.store.get(job.json()["id"]).body == b""
+        assert client.post(INFER, json=payload, headers=ASYNC).status_code == 202

@@ -1,5 +1,5 @@
 """``ignore_eos`` and ``min_tokens`` in the engine, with a stand-in for llama.cpp whose
-greedy choice is always to end at once (the real model: tests/integration/test_llm_extensions.py).
+greedy choice is always to end at once (the real model: tests/integration/test_llm.py).
 """
 
 from __future__ import annotations

@@ -4,13 +4,16 @@ limits (sizes before tokenising), and the llama runtime's options."""
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 
-from sokuji.errors import ConfigError, InvalidInput
+from sokuji.errors import ConfigError, InvalidInput, ModelNotReady
 from sokuji.llm.prefix_cache import Match, PrefixCache
 from sokuji.llm.prompt import PromptBuilder
 from sokuji.llm.request import TextAssembler
-from sokuji.llm.runtime import LlamaOptions
+from sokuji.llm.runtime import LlamaOptions, LlamaRuntime
 from sokuji.server import llm_codec
 
 
@@ -306,3 +309,72 @@ def test_sampling_limits_name_the_field() -> None:
     with pytest.raises(InvalidInput) as exc:
         b.sampling(10, chat=True, max_tokens=60, max_tokens_field="max_completion_tokens")
     assert exc.value.param == "max_completion_tokens"
+
+
+# -- closing the model waits for tokenisations in flight ---------------------------------------
+class GatedModel(CountingModel):
+    """A tokenizer held inside ``tokenize`` until released, and a ``close`` that records
+    whether it ran while a tokenisation was still inside (a use-after-free in llama.cpp)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inside = threading.Event()
+        self.release = threading.Event()
+        self.events: list[str] = []
+        self.tokenizing = 0
+
+    def tokenize(self, text: str, add_special: bool) -> list[int]:
+        self.tokenizing += 1
+        self.inside.set()
+        assert self.release.wait(timeout=30)
+        self.events.append("closed before the tokenisation returned" if "close" in self.events
+                           else "tokenised")
+        self.tokenizing -= 1
+        return super().tokenize(text, add_special)
+
+    def close(self) -> None:
+        self.events.append("close" if self.tokenizing == 0 else "close under a tokenisation")
+
+
+def gated_runtime() -> tuple[LlamaRuntime, GatedModel]:
+    runtime = LlamaRuntime("m", "/not/loaded.gguf", {"context_size": 101}, "/tmp", 8, 0.0)
+    model = GatedModel()
+    runtime.model = model
+    runtime.prompts = PromptBuilder("m", model, Chat(), runtime.options)
+    return runtime, model
+
+
+def test_closing_the_model_waits_for_a_tokenisation_in_flight() -> None:
+    runtime, model = gated_runtime()
+    with ThreadPoolExecutor(2) as pool:
+        tokenised = pool.submit(runtime.prompts.tokens, text="abcdefgh")
+        assert model.inside.wait(timeout=30)  # the worker thread is inside llama_tokenize
+        closing = pool.submit(runtime.close)
+        # close must not free the vocabulary now: it waits. (The 0.2 s only gives a wrong
+        # close the time to happen; a slow machine can make the test pass wrongly, never
+        # fail wrongly.)
+        with pytest.raises(TimeoutError):
+            closing.result(timeout=0.2)
+        assert "close" not in model.events
+        model.release.set()
+        assert tokenised.result(timeout=30) == [1, 1]
+        closing.result(timeout=30)
+    assert model.events == ["tokenised", "close"]
+    assert runtime.model is None
+    with pytest.raises(ModelNotReady, match="model 'm' is shutting down"):  # new calls: 503
+        runtime.prompts.tokens(text="abc")
+
+
+def test_a_tokenisation_that_outlives_the_wait_leaves_the_model_allocated(
+        caplog: pytest.LogCaptureFixture) -> None:
+    runtime, model = gated_runtime()
+    runtime.close_wait_s = 0.01
+    with ThreadPoolExecutor(1) as pool:
+        tokenised = pool.submit(runtime.prompts.tokens, text="abcd")
+        assert model.inside.wait(timeout=30)
+        runtime.close()  # gives up waiting: must not free
+        assert runtime.model is model and "close" not in model.events
+        assert "1 prompt tokenisation(s) still running" in caplog.text
+        model.release.set()
+        assert tokenised.result(timeout=30) == [1]
+    assert model.events == ["tokenised"]

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import struct
+import tempfile
 from typing import Any
 
 import orjson
 import pytest
 from starlette.testclient import TestClient
 
+from sokuji import config as cfg
 from sokuji.bench.engine import parse_server_timing
 from sokuji.core.request import STAGES, TOTAL
 from tests.conftest import client_for, synthetic_config
@@ -281,3 +283,47 @@ def test_good_scheduling_hints_are_accepted(synth: TestClient) -> None:
                             ({"x-sokuji-timeout-ms": "1e308"}, {}), ({}, {"timeout": 1e308})):
         r = synth.post(INFER, json=v2_body(["a"], parameters=params), headers=headers)
         assert r.status_code == 200, r.text
+
+
+# --- a 404 lists what there is only on an open server -----------------------------------------
+
+def two_models(**server: Any) -> cfg.ServerConfig:
+    models = tuple(cfg.ModelConfig(name=n, runtime="synthetic", options={"base_ms": 0.0})
+                   for n in ("synth", "internal-ranker"))
+    return cfg.validate(cfg.ServerConfig(models=models, **server,
+                                         cache_dir=tempfile.mkdtemp(prefix="sokuji-test-")))
+
+
+def not_found_texts(client: TestClient, headers: dict[str, str]) -> list[str]:
+    """The 404 bodies for an unknown model and an unknown version, on every path."""
+    replies = [
+        client.get("/v2/models/nope", headers=headers),
+        client.get("/v2/models/synth/versions/7", headers=headers),
+        client.get("/v2/models/nope/config", headers=headers),
+        client.post("/v2/models/nope/infer", json=v2_body(["a"]), headers=headers),
+        client.post("/v2/models/synth/versions/7/infer", json=v2_body(["a"]),
+                    headers=headers),
+        client.post("/v1/embeddings", json={"model": "nope", "input": "a"}, headers=headers),
+        client.post("/v1/chat/completions", json={
+            "model": "nope", "messages": [{"role": "user", "content": "hi"}]},
+            headers=headers),
+    ]
+    assert [r.status_code for r in replies] == [404] * len(replies), [r.text for r in replies]
+    return [r.text for r in replies]
+
+
+def test_with_api_keys_a_404_names_what_is_missing_not_what_there_is() -> None:
+    keys = (cfg.ApiKey(key="key-of-open-0001", tenant="open"),)  # a tenant of every model
+    config = two_models(api_keys=keys, models_require_key=False)
+    with client_for(config) as client:
+        texts = not_found_texts(client, {"authorization": "Bearer key-of-open-0001"})
+    for text in texts:
+        assert "available" not in text and "internal-ranker" not in text, text
+    assert "unknown model 'nope'" in texts[0] and "no version '7'" in texts[1]
+
+
+def test_without_api_keys_a_404_lists_the_models() -> None:
+    with client_for(two_models()) as client:
+        texts = not_found_texts(client, {})
+    assert "available: internal-ranker, synth" in texts[0]
+    assert "no version '7'; available: 1" in texts[1]
