@@ -177,10 +177,8 @@ class DynamicBatcher:
     def check_capacity(self) -> None:
         """Raise ``Overloaded`` if a request arriving now would be refused: callable before
         the request is even read, so a refusal costs next to nothing."""
-        if len(self._queue) >= self.config.max_queue_depth or (
-                self.config.max_concurrency and self._admitted >= self.config.max_concurrency):
-            self._admission.check(len(self._queue), self._admitted, self.queued_items(),
-                                  self._drain.per_s)
+        self._admission.check(len(self._queue), self._admitted, self.queued_items,
+                              self._drain.per_s)
 
     def _admit(self, request: InferenceRequest, now_ns: int) -> None:
         self.check_capacity()

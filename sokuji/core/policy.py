@@ -24,6 +24,7 @@ generation engine's alike. Pure functions and small objects; no clock, no thread
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from sokuji.core.request import Priority
 from sokuji.errors import DeadlineExceeded, Overloaded
@@ -82,16 +83,18 @@ class Admission:
         self.max_concurrency = max_concurrency
         self.what = what
 
-    def check(self, num_waiting: int, num_admitted: int, queued_work: float,
+    def check(self, num_waiting: int, num_admitted: int, queued_work: Callable[[], float],
               rate_per_s: float) -> None:
+        """``queued_work`` is called only to word a refusal (the common case pays nothing
+        for it)."""
         if num_waiting >= self.max_queue_depth:
             raise Overloaded(f"model '{self.name}' has {num_waiting} {self.what} queued "
                              f"(max_queue_depth {self.max_queue_depth}); retry later",
-                             retry_after_s=retry_after_s(queued_work, rate_per_s))
+                             retry_after_s=retry_after_s(queued_work(), rate_per_s))
         if self.max_concurrency and num_admitted >= self.max_concurrency:
             raise Overloaded(f"model '{self.name}' has {num_admitted} {self.what} in flight "
                              f"(max_concurrency {self.max_concurrency}); retry later",
-                             retry_after_s=retry_after_s(queued_work, rate_per_s))
+                             retry_after_s=retry_after_s(queued_work(), rate_per_s))
 
 
 def check_deadline(deadline_ns: int | None, now_ns: int, work_ahead: float,

@@ -141,7 +141,8 @@ class GenerationEngine:
 
     def check_capacity(self) -> None:
         waiting = self.num_waiting
-        self._admission.check(waiting, waiting + len(self._active), waiting, self.drain.per_s)
+        self._admission.check(waiting, waiting + len(self._active), lambda: waiting,
+                              self.drain.per_s)
 
     def submit(self, req: GenerationRequest) -> None:
         """Admit (``Overloaded``, ``DeadlineExceeded`` at once) and queue ``req``."""
