@@ -8,6 +8,7 @@ import json
 import math
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
@@ -16,7 +17,7 @@ import pytest
 from aiohttp import web
 
 from sokuji.bench import dataset, stats
-from sokuji.bench.engine import Engine, RunResult
+from sokuji.bench.engine import Engine, RunResult, _until
 from sokuji.bench.schedule import Arrivals, intended_times
 from sokuji.bench.targets import Target, TargetKind
 from tests.integration.serving import sokuji_server
@@ -68,6 +69,24 @@ def measured_ms(run: RunResult) -> np.ndarray:
                        if not r.warmup and r.error is None])
 
 
+async def timer_lag_ms(times_s: np.ndarray) -> np.ndarray:
+    """How late this event loop, now, starts a task at each of ``times_s`` (seconds from the
+    call) when woken the way the open-loop engine wakes: the engine's send path without the
+    request. Run beside an engine, it measures the lateness any client would have here."""
+    t0 = time.perf_counter()
+    lags_ms: list[float] = []
+
+    async def mark(intended_s: float) -> None:
+        lags_ms.append((time.perf_counter() - t0 - intended_s) * 1e3)
+
+    tasks = []
+    for intended_s in times_s.tolist():
+        await _until(t0 + intended_s)
+        tasks.append(asyncio.create_task(mark(intended_s)))
+    await asyncio.gather(*tasks)
+    return np.asarray(lags_ms)
+
+
 def predicted_percentile(service_ms: np.ndarray, overhead_ms: np.ndarray, q: float,
                          rng: np.random.Generator) -> tuple[float, float]:
     """The q-th percentile of service time + overhead (independent), and how far a run of
@@ -94,10 +113,15 @@ def test_measured_percentiles_match_the_configured_distribution() -> None:
         results = await asyncio.gather(*(run(engine(url, model=m)) for m in MODELS))
         return dict(zip(MODELS, results, strict=True))
 
+    async def open_with_probe() -> tuple[dict[str, RunResult], np.ndarray]:
+        probe = asyncio.create_task(timer_lag_ms(times))
+        results = await side_by_side(lambda e: e.open(times, warmup_s=0.5))
+        return results, await probe
+
     with sokuji_server(LOGNORMAL) as url:
         runs = {"closed": asyncio.run(side_by_side(lambda e: e.closed(
-                    4, count=800, warmup_count=40))),
-                "open": asyncio.run(side_by_side(lambda e: e.open(times, warmup_s=0.5)))}
+                    4, count=800, warmup_count=40)))}
+        runs["open"], timer_lags_ms = asyncio.run(open_with_probe())
     # The synth model drew 840 service times for the closed run, then len(times) for the open
     # one; the measured requests are those after each warm-up.
     drawn = service_times_ms(840 + len(times))
@@ -123,8 +147,11 @@ def test_measured_percentiles_match_the_configured_distribution() -> None:
     lags_ms = [r.lag_s * 1e3 for r in runs["open"]["synth"].records]
     assert min(lags_ms) >= 0  # never sent before its time
     # It kept to its schedule: a typical request went out within a quarter of the mean gap
-    # between arrivals (a client that waited for replies would lag by whole service times).
-    assert lag["p50"] < 0.25 * 1e3 / rate
+    # between arrivals of when a bare timer in the same loop fired, at the same moments (a
+    # busy machine delays both alike; a client that waited for replies would lag by whole
+    # service times, and more and more).
+    timer_p50_ms = float(np.percentile(timer_lags_ms[warm_open:], 50))
+    assert lag["p50"] < timer_p50_ms + 0.25 * 1e3 / rate, (lag["p50"], timer_p50_ms)
 
 
 STALL = """
@@ -143,21 +170,26 @@ def test_a_stall_shows_in_open_loop_p99_and_hides_in_closed_loop() -> None:
         times = intended_times(rate, Arrivals.CONSTANT, seed=0, duration_s=0.5 + measured_s)
         opened = stats.summarize(asyncio.run(engine(url).open(times, warmup_s=0.5)))
     with sokuji_server(STALL.format(after=400)) as url:
-        closed = stats.summarize(asyncio.run(engine(url).closed(
-            1, duration_s=measured_s, warmup_count=20)))
+        closed_run = asyncio.run(engine(url).closed(1, duration_s=measured_s, warmup_count=20))
+        closed = stats.summarize(closed_run)
     # Open loop: the requests due during the stall (stall_s/measured_s of them) wait out the
     # rest of it, so their latencies spread uniformly over [0, stall_s]; p99 is the top 1% of
-    # all requests, i.e. stall_s * (1 - 0.01 * measured_s / stall_s).
-    predicted_ms = 1e3 * stall_s * (1 - 0.01 * measured_s / stall_s)
-    assert opened["latency_ms"]["p99"] == pytest.approx(predicted_ms, rel=0.1)
+    # all requests, i.e. stall_s * (1 - 0.01 * measured_s / stall_s) -- on top of what every
+    # request costs here, now: the run's own median (service time, network, both processes'
+    # scheduling), measured, not assumed.
+    overhead_ms = opened["latency_ms"]["p50"]
+    predicted_ms = 1e3 * stall_s * (1 - 0.01 * measured_s / stall_s) + overhead_ms
+    assert opened["latency_ms"]["p99"] == pytest.approx(predicted_ms, rel=0.1), overhead_ms
     # The tail says why: the stalled batch itself (infer), and the requests queued behind it.
     tail = opened["stages"]["tail_share"]
     assert max(tail, key=tail.__getitem__) == "queue"
     assert tail["queue"] + tail["infer"] > 0.95
     # Closed loop: one request saw the stall and the client simply sent less meanwhile: the
-    # stall is in the maximum only, p99 stays an order of magnitude below it.
-    assert closed["latency_ms"]["max"] >= 0.9 * stall_s * 1e3
-    assert closed["latency_ms"]["p99"] < 0.1 * stall_s * 1e3
+    # stall is in the maximum only (one request of hundreds), and p99 stays far below the
+    # open loop's, measured against the same stall.
+    stalled = [r for r in measured_ms(closed_run) if r >= 0.9 * stall_s * 1e3]
+    assert len(stalled) == 1, stalled
+    assert closed["latency_ms"]["p99"] < 0.5 * opened["latency_ms"]["p99"]
 
 
 def test_cli_writes_json_and_an_html_report_with_plots(tmp_path: Path) -> None:
@@ -168,9 +200,15 @@ def test_cli_writes_json_and_an_html_report_with_plots(tmp_path: Path) -> None:
              "--duration", "2", "--warmup", "0.5s", "--dataset", "mixed", "--slo",
              "p99=200ms", "--price-per-hour", "1.0", "--out", str(out), "--html", str(page),
              "--quiet"], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
     doc = json.loads(out.read_text())
-    assert doc["schema"] == "sokuji.bench/1" and doc["slo"][0]["ok"] is True
+    assert doc["schema"] == "sokuji.bench/1"
+    # The verdict follows from the measured p99, whatever this machine's speed: the exit
+    # status says whether the SLO was met.
+    slo = doc["slo"][0]
+    p99 = doc["summary"]["latency_ms"]["p99"]
+    assert (slo["limit"], slo["measured"]) == (200.0, p99)
+    assert slo["ok"] is (p99 <= 200.0)
+    assert proc.returncode == (0 if slo["ok"] else 3), proc.stderr
     assert doc["cost"]["per_1k_requests"] > 0
     assert doc["summary"]["stages"]["mean_ms"]["infer"] > 10
     html = page.read_text()
@@ -216,36 +254,57 @@ options = {{base_ms = {service_ms}}}
     assert sweep["knee_rate"] is not None and sweep["knee_rate"] < capacity_rps
 
 
+EMITTED = web.AppKey("emitted", list)
+"""Per request, the seconds from the handler's start to each chunk's write: what the server
+really did, for the client's measurement to be judged against."""
+
+
 async def _stream(request: web.Request) -> web.StreamResponse:
+    t0 = time.perf_counter()
+    written_s: list[float] = []
     resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
     await resp.prepare(request)
     for i in range(6):
         await asyncio.sleep(0.03)
         chunk = {"choices": [{"index": 0, "text": f"t{i}"}]}
         await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+        written_s.append(time.perf_counter() - t0)
     await resp.write(b"data: [DONE]\n\n")
+    request.app[EMITTED].append(written_s)
     return resp
 
 
 @pytest.fixture
-async def streaming_server() -> AsyncIterator[str]:
+async def streaming_server() -> AsyncIterator[tuple[str, list[list[float]]]]:
     app = web.Application()
+    emitted: list[list[float]] = []
+    app[EMITTED] = emitted
     app.router.add_post("/v1/completions", _stream)
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    yield f"http://127.0.0.1:{port}"
+    yield f"http://127.0.0.1:{port}", emitted
     await runner.cleanup()
 
 
-async def test_streaming_targets_measure_ttft_and_itl(streaming_server: str) -> None:
-    eng = Engine(Target(TargetKind.OPENAI_COMPLETIONS, streaming_server, model="m"),
+async def test_streaming_targets_measure_ttft_and_itl(
+        streaming_server: tuple[str, list[list[float]]]) -> None:
+    url, emitted = streaming_server
+    eng = Engine(Target(TargetKind.OPENAI_COMPLETIONS, url, model="m"),
                  dataset.Sampler(dataset.load("short"), 0))
     run = await eng.closed(2, count=10)
     s = stats.summarize(run, streaming=True)
-    assert s["ttft_ms"]["p50"] == pytest.approx(30, abs=12)
-    assert s["itl_ms"]["p50"] == pytest.approx(30, abs=12)
+    # Judged against when the server really wrote each chunk (its sleeps run late on a busy
+    # machine; the client must see exactly that): the gap left is the request's and the
+    # chunk's way over loopback.
+    assert len(emitted) == 10
+    ttft_ms = 1e3 * float(np.median([w[0] for w in emitted]))
+    itl_ms = 1e3 * float(np.median(np.concatenate([np.diff(w) for w in emitted])))
+    assert ttft_ms >= 25 and itl_ms >= 25  # the server's 30 ms sleeps (asyncio's timer
+    # may wake up to a clock tick early)
+    assert s["ttft_ms"]["p50"] == pytest.approx(ttft_ms, abs=12)
+    assert s["itl_ms"]["p50"] == pytest.approx(itl_ms, abs=12)
     assert s["output_tokens"] == 60 and s["output_tokens_per_s"] > 0
     assert np.isfinite(s["tpot_ms"]["mean"])

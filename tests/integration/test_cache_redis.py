@@ -192,6 +192,12 @@ def cache_errors(url: str) -> dict[str, float]:
     return out
 
 
+# The breaker's settings for these tests: a short cooldown, so that waiting one out (time by
+# design) costs a fraction of a second, not the default 5 s.
+BREAKER_FAILURES, BREAKER_COOLDOWN_S = 3, 0.5
+POLL_S = BREAKER_COOLDOWN_S / 10
+
+
 def misses_until(url: str, done: Callable[[], bool], what: str) -> int:
     """Send requests (each must be a 200 computed afresh: a miss) until ``done()``; bounded
     in time. Waits out the cache's breaker cooldown, which is time by design."""
@@ -201,7 +207,7 @@ def misses_until(url: str, done: Callable[[], bool], what: str) -> int:
         assert time.monotonic() < deadline, what
         assert infer(url, f"poll {sent}") == "miss"
         sent += 1
-        time.sleep(0.1)
+        time.sleep(POLL_S)
     return sent
 
 
@@ -213,6 +219,8 @@ def test_a_redis_outage_turns_lookups_into_misses_not_errors() -> None:
 backend = "redis"
 redis_url = "redis://127.0.0.1:{proxy.port}/0"
 redis_timeout_s = 0.2
+breaker_failures = {BREAKER_FAILURES}
+breaker_cooldown_s = {BREAKER_COOLDOWN_S}
 [[models]]
 name = "synth"
 runtime = "synthetic"
@@ -224,11 +232,18 @@ options = {{base_ms = 1.0}}
             assert cache_errors(url) == {"get": 0.0, "set": 0.0}
 
             redis_proc.stop()  # Redis gone: connections refused or reset
+            t0 = time.monotonic()
             assert [infer(url, "down") for _ in range(8)] == ["miss"] * 8  # 200s, computed
+            down_s = time.monotonic() - t0
             down = cache_errors(url)
             assert down["get"] >= 1 and down["set"] >= 1
-            # Failing calls stop after a few: the breaker skips Redis for its cooldown.
-            assert down["get"] + down["set"] < 8 + 8
+            # Failing calls stop after a few: BREAKER_FAILURES in a row open the breaker,
+            # which then skips Redis for its cooldown; after each cooldown one call tries
+            # again and its failure reopens it. So however long these 8 requests took on
+            # this machine, at most this many of their 16 calls failed (without a breaker:
+            # all 16).
+            assert down["get"] + down["set"] <= BREAKER_FAILURES + down_s / BREAKER_COOLDOWN_S \
+                + 1, (down, down_s)
 
             redis_proc.start()
             proxy.silent = True  # now it hangs: the next try runs into the timeout
@@ -242,7 +257,7 @@ options = {{base_ms = 1.0}}
                 if infer(url, "after") == "hit":
                     break
                 assert time.monotonic() < deadline, "the cache never came back"
-                time.sleep(0.1)
+                time.sleep(POLL_S)
 
 
 @needs_redis_server
