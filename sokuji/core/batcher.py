@@ -12,14 +12,11 @@ Contracts:
   next batch (so no request waits behind more than the queue ahead of it: no starvation), and
   the rest of the batch is filled with the queued requests closest to it in length, which keeps
   padding low. Policy ``fifo`` takes requests strictly in arrival order.
-- **Priorities**: interactive requests are batched before batch-class ones; a batch-class
-  request that has waited ``priority_aging_ms`` counts as interactive (no starvation).
-- **Admission**: beyond ``max_queue_depth`` waiting requests, or ``max_concurrency`` admitted
-  ones, ``submit`` raises ``Overloaded`` at once, with a Retry-After estimated from the
-  measured drain rate. The queue never grows without bound.
-- **Deadlines**: a request whose deadline cannot be met given the work queued ahead of it is
-  rejected at once (``DeadlineExceeded``, never computed); one still queued when its deadline
-  passes is failed then, and never takes a batch slot.
+- **Scheduling policy** (``core/policy.py``, shared with the generation engine): admission
+  (``max_queue_depth``, ``max_concurrency``: ``Overloaded`` at once, Retry-After from the
+  measured drain rate), priorities with aging, and deadlines that bound the start (a request
+  that cannot start in time is refused, one still queued at its deadline is failed then and
+  never takes a batch slot). Work here is counted in items.
 - Results come back in the order of each request's items. A failing batch fails only its own
   requests. ``run_batch`` runs in a worker thread, so the event loop stays free.
 """
@@ -29,19 +26,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
 from sokuji.config import BatchPolicy, ModelConfig
-from sokuji.core.request import InferenceRequest, Stage
-from sokuji.errors import DeadlineExceeded, Overloaded, RuntimeFailed, SokujiError
-from sokuji.runtimes.base import Prepared
+from sokuji.core import policy
+from sokuji.core.request import InferenceRequest, Prepared, Stage
+from sokuji.errors import DeadlineExceeded, RuntimeFailed, SokujiError
 
 log = logging.getLogger(__name__)
 
@@ -86,13 +82,38 @@ class BatchInfo:
 
 
 class _Entry:
-    __slots__ = ("dispatched_ns", "future", "request", "timer")
+    """A queued request, and its caller's handle (``core.model.Submission``)."""
 
-    def __init__(self, request: InferenceRequest, future: asyncio.Future[Any]) -> None:
+    __slots__ = ("batcher", "dispatched_ns", "future", "request", "timer")
+
+    def __init__(self, batcher: DynamicBatcher, request: InferenceRequest,
+                 future: asyncio.Future[Any]) -> None:
+        self.batcher = batcher
         self.request = request
         self.future = future
         self.timer: asyncio.TimerHandle | None = None
         self.dispatched_ns = 0
+
+    async def result(self) -> Any:
+        """The runtime's output for the request's items, in their order."""
+        try:
+            return await self.future
+        except asyncio.CancelledError:
+            self.cancel()
+            raise
+        finally:
+            self.batcher._admitted -= 1
+            if self.timer is not None:
+                self.timer.cancel()
+
+    async def events(self) -> AsyncIterator[Any]:
+        yield await self.result()
+
+    def cancel(self) -> None:
+        """Leave the queue if still in it (a batch already running finishes)."""
+        queue_ = self.batcher._queue
+        if self in queue_:
+            queue_.remove(self)
 
 
 class DynamicBatcher:
@@ -113,10 +134,15 @@ class DynamicBatcher:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._jobs: queue.SimpleQueue[list[_Entry] | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
+        self._exited: list[str] = []
+        """Worker threads that have ended (appended by each as it ends: atomic)."""
         self._timer: asyncio.TimerHandle | None = None
         self._idle = asyncio.Event()
         self._admitted = 0
-        self._items_per_s = 0.0  # EWMA of one instance's service rate; 0 until measured
+        self._admission = policy.Admission(name, config.max_queue_depth,
+                                           config.max_concurrency)
+        self._drain = policy.DrainRate(config.instances)  # items/s
+        self._aging_ns = policy.aging_ns(config.priority_aging_ms)
 
     @property
     def num_waiting(self) -> int:
@@ -131,45 +157,37 @@ class DynamicBatcher:
         return self._loop is not None
 
     @property
+    def num_admitted(self) -> int:
+        """Requests submitted and not yet answered (queued or running)."""
+        return self._admitted
+
+    @property
+    def alive(self) -> bool:
+        """Started, and every worker thread is alive."""
+        return self._loop is not None and not self._exited
+
+    @property
     def drain_items_per_s(self) -> float:
         """Measured rate at which the queue drains (all instances); 0 before any batch ran."""
-        return self._items_per_s * self.config.instances
+        return self._drain.per_s
 
-    def _retry_after_s(self) -> int:
-        rate = self.drain_items_per_s
-        queued = sum(e.request.num_items for e in self._queue)
-        return max(1, math.ceil(queued / rate)) if rate > 0 else 1
+    def queued_items(self) -> int:
+        return sum(e.request.num_items for e in self._queue)
 
     def check_capacity(self) -> None:
         """Raise ``Overloaded`` if a request arriving now would be refused: callable before
         the request is even read, so a refusal costs next to nothing."""
-        cfg = self.config
-        if len(self._queue) >= cfg.max_queue_depth:
-            raise Overloaded(f"model '{self.name}' has {len(self._queue)} requests queued "
-                             f"(max_queue_depth {cfg.max_queue_depth})",
-                             retry_after_s=self._retry_after_s())
-        if cfg.max_concurrency and self._admitted >= cfg.max_concurrency:
-            raise Overloaded(f"model '{self.name}' has {self._admitted} requests in flight "
-                             f"(max_concurrency {cfg.max_concurrency})",
-                             retry_after_s=self._retry_after_s())
+        self._admission.check(len(self._queue), self._admitted, self.queued_items,
+                              self._drain.per_s)
 
     def _admit(self, request: InferenceRequest, now_ns: int) -> None:
-        cfg = self.config
         self.check_capacity()
-        if request.deadline_ns is None:
-            return
-        left_ms = (request.deadline_ns - now_ns) / 1e6
-        if left_ms <= 0:
-            raise DeadlineExceeded("the request's deadline passed before it was queued")
-        rate = self.drain_items_per_s
-        if rate > 0:
+        if request.deadline_ns is not None:
+            rate = self._drain.per_s
             ahead = sum(e.request.num_items for e in self._queue
-                        if e.request.priority <= request.priority)
-            wait_ms = ahead / rate * 1e3
-            if self._busy >= cfg.instances and wait_ms > left_ms:
-                raise DeadlineExceeded(
-                    f"cannot start before its deadline: ~{wait_ms:.0f} ms of work is queued "
-                    f"ahead and {left_ms:.0f} ms are left")
+                        if e.request.priority <= request.priority) if rate > 0 else 0
+            policy.check_deadline(request.deadline_ns, now_ns, ahead, rate,
+                                  saturated=self._busy >= self.config.instances)
 
     def start(self) -> None:
         """Start the worker threads; call from the event loop that will submit requests."""
@@ -178,6 +196,7 @@ class DynamicBatcher:
         self._loop = asyncio.get_running_loop()
         self._slot_free_since_ns = time.perf_counter_ns()
         self._idle.set()
+        self._exited = []
         for i in range(self.config.instances):
             thread = threading.Thread(target=self._work, name=f"sokuji-{self.name}-{i}",
                                       daemon=True)
@@ -202,32 +221,27 @@ class DynamicBatcher:
             thread.join()
         self._threads.clear()
 
-    async def submit(self, request: InferenceRequest) -> Any:
-        """Queue ``request``; return the runtime's output for its items, in their order."""
+    def enqueue(self, request: InferenceRequest) -> _Entry:
+        """Admit and queue ``request`` (``Overloaded``, ``DeadlineExceeded`` at once);
+        its handle's ``result()`` must then be awaited."""
         loop = self._loop
         if loop is None:
             raise RuntimeFailed(f"model '{self.name}' is not running")
         now_ns = time.perf_counter_ns()
         self._admit(request, now_ns)
-        future: asyncio.Future[Any] = loop.create_future()
-        entry = _Entry(request, future)
+        entry = _Entry(self, request, loop.create_future())
         request.enqueued_ns = request.timeline.last_ns
         if request.deadline_ns is not None:
             entry.timer = loop.call_later((request.deadline_ns - now_ns) / 1e9,
                                           self._expire, entry)
         self._queue.append(entry)
         self._admitted += 1
-        try:
-            self._dispatch()
-            return await future
-        except asyncio.CancelledError:
-            if entry in self._queue:
-                self._queue.remove(entry)
-            raise
-        finally:
-            self._admitted -= 1
-            if entry.timer is not None:
-                entry.timer.cancel()
+        self._dispatch()
+        return entry
+
+    async def submit(self, request: InferenceRequest) -> Any:
+        """Queue ``request``; return the runtime's output for its items, in their order."""
+        return await self.enqueue(request).result()
 
     def _expire(self, entry: _Entry) -> None:
         """A queued request's deadline passed: fail it now rather than compute it late."""
@@ -271,10 +285,11 @@ class DynamicBatcher:
         if not live:
             self._queue.clear()
             return []
-        aging_ns = int(self.config.priority_aging_ms * 1e6)
+        aging_ns = self._aging_ns
+        prank = policy.rank
 
         def rank(e: _Entry) -> int:
-            return 0 if now_ns - e.request.enqueued_ns >= aging_ns else int(e.request.priority)
+            return prank(e.request.priority, now_ns - e.request.enqueued_ns, aging_ns)
 
         head = min(live, key=lambda e: (rank(e), e.request.enqueued_ns))
         rest = [e for e in live if e is not head]
@@ -320,7 +335,14 @@ class DynamicBatcher:
         return chosen
 
     def _work(self) -> None:
-        """Worker thread: run batches, post results back to the event loop."""
+        """Worker thread: run batches, post results back to the event loop. However it ends,
+        it says so (``alive`` turns false: the model is no longer ready)."""
+        try:
+            self._work_until_stopped()
+        finally:
+            self._exited.append(threading.current_thread().name)
+
+    def _work_until_stopped(self) -> None:
         if self.config.worker_nice and hasattr(os, "setpriority"):
             # The event loop needs little CPU but gates every reply and every refusal: when
             # both want the core, it goes first. The worker still gets every idle moment.
@@ -354,11 +376,8 @@ class DynamicBatcher:
                     entry.future.set_exception(error)
         else:
             assert outputs is not None
-            service_s = (done_ns - batch[0].dispatched_ns) / 1e9
-            if service_s > 0:
-                rate = sum(e.request.num_items for e in batch) / service_s
-                self._items_per_s = rate if not self._items_per_s \
-                    else 0.8 * self._items_per_s + 0.2 * rate
+            self._drain.observe(sum(e.request.num_items for e in batch),
+                                (done_ns - batch[0].dispatched_ns) / 1e9)
             for entry, output in zip(batch, outputs, strict=True):
                 if not entry.future.done():
                     entry.request.timeline.mark(Stage.INFER, done_ns)

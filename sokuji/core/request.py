@@ -13,6 +13,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from sokuji.core import timing
+
 
 class Stage(enum.StrEnum):
     DECODE = "decode"            # read the body, parse it, validate it against the protocol
@@ -65,15 +67,30 @@ class Timeline:
         out[TOTAL] = self.total_ns / 1e6
         return out
 
+    def timing_entries(self) -> list[timing.Entry]:
+        """Every stage in milliseconds with its note, then ``total``."""
+        get, notes = self.durations_ns.get, self.notes
+        entries: list[timing.Entry] = [(s.value, get(s, 0) / 1e6, notes.get(s)) for s in STAGES]
+        entries.append((TOTAL, self.total_ns / 1e6, None))
+        return entries
+
     def server_timing(self) -> str:
         """W3C ``Server-Timing`` header value, durations in milliseconds."""
-        parts = []
-        for s in STAGES:
-            part = f"{s.value};dur={self.durations_ns.get(s, 0) / 1e6:.3f}"
-            note = self.notes.get(s)
-            parts.append(f'{part};desc="{note}"' if note else part)
-        parts.append(f"{TOTAL};dur={self.total_ns / 1e6:.3f}")
-        return ", ".join(parts)
+        return timing.render(self.timing_entries())
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """An encoder request's inputs after preprocessing, ready to be batched.
+
+    ``num_items`` rows, each needing ``length`` positions once padded; ``num_tokens`` is the
+    unpadded count (reported as usage).
+    """
+
+    data: Any
+    num_items: int
+    length: int
+    num_tokens: int
 
 
 @dataclass(eq=False)

@@ -11,11 +11,17 @@ One engine thread owns the context. Each step builds one ``llama_batch``:
 then one ``llama_decode``, then a sample for every sequence whose row has logits (with its
 end-of-generation logits masked to -inf first while ``ignore_eos`` or ``min_tokens`` says the
 sequence may not end yet; one integer comparison for requests without them). A sequence
-that finishes (end of generation, ``max_tokens``, a stop string, cancellation, its deadline)
-frees its slot and its KV cells at once, and the best waiting request takes the slot in the
-same step: interactive before batch-class, batch-class aging into interactive after
-``priority_aging_ms``, oldest first. Requests wait in the engine's queue, bounded by
-``max_queue_depth`` (beyond it: 429 at once).
+that finishes (end of generation, ``max_tokens``, a stop string, cancellation) frees its slot
+and its KV cells at once, and the best waiting request takes the slot in the same step.
+
+Scheduling follows the policy the encoder batcher follows (``core/policy.py``), with work
+counted in generations: admission (``max_queue_depth``, ``max_concurrency``: 429 at once,
+Retry-After from the measured rate at which slots free up), priorities with the same aging
+rule (interactive first; a request that has waited ``priority_aging_ms`` counts as
+interactive; 0: plain arrival order), and deadlines that bound the *start*: a generation
+that cannot get a slot in time is refused at submission or failed (504) when its deadline
+passes while it waits; one that has a slot runs to its end (``max_tokens``, a stop, or its
+client's disconnect).
 """
 
 from __future__ import annotations
@@ -27,8 +33,8 @@ import time
 from dataclasses import dataclass
 
 from sokuji.config import ModelConfig
-from sokuji.core.request import Priority
-from sokuji.errors import ModelNotReady, Overloaded
+from sokuji.core import policy
+from sokuji.errors import DeadlineExceeded, ModelNotReady, RuntimeFailed, SokujiError
 from sokuji.llm.native import LlamaModel, Sampler
 from sokuji.llm.prefix_cache import PrefixCache
 from sokuji.llm.request import Delta, Finish, GenerationRequest, TextAssembler, now_ns
@@ -47,6 +53,8 @@ class EngineConfig:
     n_batch: int = _OPTIONS.n_batch
     prefill_chunk: int = _OPTIONS.prefill_chunk
     max_queue_depth: int = _MODEL.max_queue_depth
+    max_concurrency: int = _MODEL.max_concurrency
+    """Generations admitted (waiting or running) at once; 0: bounded by the queue only."""
     priority_aging_ms: float = _MODEL.priority_aging_ms
     prefix_cache_bytes: int = _OPTIONS.prefix_cache_mb * 1024 * 1024
     prefix_cache_min_tokens: int = _OPTIONS.prefix_cache_min_tokens
@@ -55,10 +63,11 @@ class EngineConfig:
     ``_split_is_cheaper``); False always decodes the batch together."""
 
     @classmethod
-    def from_options(cls, o: LlamaOptions, max_queue_depth: int,
-                     priority_aging_ms: float) -> EngineConfig:
+    def from_options(cls, o: LlamaOptions, max_queue_depth: int, priority_aging_ms: float,
+                     max_concurrency: int = 0) -> EngineConfig:
         return cls(n_batch=o.n_batch, prefill_chunk=o.prefill_chunk,
-                   max_queue_depth=max_queue_depth, priority_aging_ms=priority_aging_ms,
+                   max_queue_depth=max_queue_depth, max_concurrency=max_concurrency,
+                   priority_aging_ms=priority_aging_ms,
                    prefix_cache_bytes=o.prefix_cache_mb * 1024 * 1024,
                    prefix_cache_min_tokens=o.prefix_cache_min_tokens,
                    split_small_batches=o.split_small_batches)
@@ -108,6 +117,12 @@ class GenerationEngine:
         """Steps decoded row by row because that measured cheaper."""
         self._cost: dict[int, float] = {}
         self._probe: dict[int, int] = {}
+        self._admission = policy.Admission(name, config.max_queue_depth,
+                                           config.max_concurrency, what="generations")
+        self._slots = model.shape.slots
+        self.drain = policy.DrainRate(self._slots)
+        """Generations completed per second of a slot's time, times the slots."""
+        self._aging_ns = policy.aging_ns(config.priority_aging_ms)
 
     # -- event-loop side ------------------------------------------------------------------
     @property
@@ -122,16 +137,26 @@ class GenerationEngine:
     def num_running(self) -> int:
         return len(self._active)
 
+    alive = running
+
     def check_capacity(self) -> None:
-        if self.num_waiting >= self.config.max_queue_depth:
-            raise Overloaded(f"model '{self.name}' has {self.num_waiting} generations "
-                             f"waiting (max_queue_depth {self.config.max_queue_depth}); "
-                             "retry later", retry_after_s=1)
+        waiting = self.num_waiting
+        self._admission.check(waiting, waiting + len(self._active), lambda: waiting,
+                              self.drain.per_s)
 
     def submit(self, req: GenerationRequest) -> None:
+        """Admit (``Overloaded``, ``DeadlineExceeded`` at once) and queue ``req``."""
         if not self.running:
             raise ModelNotReady(f"model '{self.name}': its generation engine is not running")
         self.check_capacity()
+        now = now_ns()
+        if req.deadline_ns is not None:
+            rate = self.drain.per_s
+            ahead = sum(1 for r in (*self._waiting, *self._intake)
+                        if r.priority <= req.priority) if rate > 0 else 0
+            policy.check_deadline(req.deadline_ns, now, ahead, rate,
+                                  saturated=len(self._active) >= self._slots)
+        req.timing.submitted_ns = now
         with self._cond:
             self._intake.append(req)
             self._cond.notify()
@@ -173,7 +198,7 @@ class GenerationEngine:
                         self._intake = []
                 now = now_ns()
                 self._reap_waiting(now)
-                self._reap_active(now)
+                self._reap_active()
                 self._compact()
                 self._admit(now)
                 if self._active:
@@ -183,18 +208,19 @@ class GenerationEngine:
                         self._cond.wait(0.01)
         except Exception:  # the engine must never die silently: fail everyone, say why
             log.exception("generation engine %s failed", self.name)
-            self._fail_all("internal error in the generation engine")
+            self._fail_all(RuntimeFailed(f"model '{self.name}': internal error in the "
+                                         "generation engine"))
             raise
-        self._fail_all("the server is shutting down")
+        self._fail_all(ModelNotReady(f"model '{self.name}': the server is shutting down"))
 
-    def _fail_all(self, why: str) -> None:
+    def _fail_all(self, error: SokujiError) -> None:
         with self._cond:
             waiting = self._waiting + self._intake
             self._waiting, self._intake = [], []
         for req in waiting:
-            req.push(Finish("error", 0, why))
+            req.push(Finish("error", 0, error))
         for seq in list(self._active):
-            self._finish(seq, "error", why)
+            self._finish(seq, "error", error)
 
     def _reap_waiting(self, now: int) -> None:
         keep = []
@@ -202,25 +228,24 @@ class GenerationEngine:
             if req.cancelled:
                 req.push(Finish("cancelled", 0))
             elif req.deadline_ns is not None and now >= req.deadline_ns:
-                req.push(Finish("deadline", 0, "deadline passed while queued"))
+                waited_ms = (now - req.timing.submitted_ns) / 1e6
+                req.push(Finish("deadline", 0, DeadlineExceeded(
+                    f"deadline exceeded: waited {waited_ms:.0f} ms for a free slot; the "
+                    "deadline passed before it could start")))
             else:
                 keep.append(req)
         self._waiting = keep
 
     def _rank(self, req: GenerationRequest, now: int) -> tuple[int, int]:
-        prio = req.priority
-        aging_ns = self.config.priority_aging_ms * 1e6
-        if prio > Priority.INTERACTIVE and aging_ns > 0 and now - req.timing.arrival_ns > aging_ns:
-            prio = Priority.INTERACTIVE
-        return int(prio), req.timing.arrival_ns
+        """The policy's rank (class after aging), then the time it was queued."""
+        queued = req.timing.submitted_ns
+        return policy.rank(req.priority, now - queued, self._aging_ns), queued
 
-    def _reap_active(self, now: int) -> None:
+    def _reap_active(self) -> None:
+        """Cancelled sequences end; deadlines bound the start only (``core/policy.py``)."""
         for seq in list(self._active):
-            req = seq.req
-            if req.cancelled:
+            if seq.req.cancelled:
                 self._finish(seq, "cancelled")
-            elif req.deadline_ns is not None and now >= req.deadline_ns:
-                self._finish(seq, "deadline", "deadline passed during generation")
 
     def _compact(self) -> None:
         """Keep the busy slots at the bottom (0..n-1). With one KV stream per sequence,
@@ -308,7 +333,7 @@ class GenerationEngine:
             log.error("llama_decode returned %d for a batch of %d tokens", rc, len(entries))
             slots = {slot for _, _, slot, _ in entries}
             for seq in [q for q in self._active if q.slot in slots]:
-                self._finish(seq, "error", f"llama_decode failed ({rc})")
+                self._finish(seq, "error", RuntimeFailed(f"llama_decode failed ({rc})"))
             return
         for seq, index in rows:
             if seq.generated < seq.eog_banned_below:
@@ -346,7 +371,7 @@ class GenerationEngine:
             self.rows += 1
             if rc != 0:
                 log.error("llama_decode returned %d for one token", rc)
-                self._finish(seq, "error", f"llama_decode failed ({rc})")
+                self._finish(seq, "error", RuntimeFailed(f"llama_decode failed ({rc})"))
                 continue
             if seq.generated < seq.eog_banned_below:
                 self.model.ban_eog(0)
@@ -383,13 +408,15 @@ class GenerationEngine:
         else:
             seq.next_token = token
 
-    def _finish(self, seq: _Seq, reason: str, error: str = "") -> None:
+    def _finish(self, seq: _Seq, reason: str, error: SokujiError | None = None) -> None:
         req = seq.req
         if reason in ("stop", "length"):
             tail = seq.assembler.flush()
             if tail:
                 req.push(Delta(tail, seq.generated))
         req.timing.end_ns = now_ns()
+        if reason in ("stop", "length") and req.timing.admitted_ns:
+            self.drain.observe(1, (req.timing.end_ns - req.timing.admitted_ns) / 1e9)
         req.push(Finish(reason, seq.generated, error))
         self._active.remove(seq)
         if seq.store_prefix and not seq.pending and reason in ("stop", "length"):

@@ -1,5 +1,6 @@
 """A generation request as the engine sees it: prompt tokens, sampling, its timing, and the
-channel its tokens go back through (engine thread -> event loop)."""
+channel its tokens go back through (engine thread -> event loop). It is also the caller's
+handle (``core.model.Submission``): ``events()``, ``result()``, ``cancel()``."""
 
 from __future__ import annotations
 
@@ -8,9 +9,12 @@ import codecs
 import itertools
 import time
 from collections import deque
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+from sokuji.core import timing
 from sokuji.core.request import Priority
+from sokuji.errors import SokujiError
 
 
 @dataclass(frozen=True)
@@ -53,7 +57,7 @@ class Timing:
     prefix_lookup: str = "off"
     """hit | miss | off"""
 
-    def server_timing(self) -> str:
+    def timing_entries(self) -> list[timing.Entry]:
         ms = 1e-6
         prep = (self.submitted_ns - self.arrival_ns) * ms
         queue = (self.admitted_ns - self.submitted_ns) * ms if self.admitted_ns else 0.0
@@ -62,18 +66,20 @@ class Timing:
         ttft = (self.first_token_ns - self.arrival_ns) * ms if self.first_token_ns else 0.0
         gaps = [(b - a) * ms for a, b in itertools.pairwise(self.token_ns)]
         itl = sum(gaps) / len(gaps) if gaps else 0.0
-        parts = [
-            f"preprocess;dur={prep:.3f}",
-            f"queue;dur={queue:.3f}",
-            f'prefill;dur={prefill:.3f};desc="{self.prompt_tokens - self.reused_tokens} '
-            f'of {self.prompt_tokens} prompt tokens"',
-            f'decode;dur={decode:.3f};desc="{len(self.token_ns)} tokens"',
-            f"ttft;dur={ttft:.3f}",
-            f'itl;dur={itl:.3f};desc="mean"',
-            f'prefix-cache;desc="{self.prefix_lookup} {self.reused_tokens} tokens"',
-            f"total;dur={(self.end_ns - self.arrival_ns) * ms:.3f}",
+        return [
+            ("preprocess", prep, None),
+            ("queue", queue, None),
+            ("prefill", prefill,
+             f"{self.prompt_tokens - self.reused_tokens} of {self.prompt_tokens} prompt tokens"),
+            ("decode", decode, f"{len(self.token_ns)} tokens"),
+            ("ttft", ttft, None),
+            ("itl", itl, "mean"),
+            ("prefix-cache", None, f"{self.prefix_lookup} {self.reused_tokens} tokens"),
+            ("total", (self.end_ns - self.arrival_ns) * ms, None),
         ]
-        return ", ".join(parts)
+
+    def server_timing(self) -> str:
+        return timing.render(self.timing_entries())
 
 
 @dataclass(frozen=True)
@@ -88,7 +94,17 @@ class Finish:
     reason: str
     """stop | length | cancelled | deadline | error"""
     completion_tokens: int
-    error: str = ""
+    error: SokujiError | None = None
+    """Why it failed (reason deadline: ``DeadlineExceeded``; error: ``ModelNotReady`` when
+    the server shuts down, ``RuntimeFailed`` otherwise); None when it did not."""
+
+
+@dataclass(frozen=True)
+class Generated:
+    """A whole generation's output."""
+
+    text: str
+    finish: Finish
 
 
 class GenerationRequest:
@@ -123,14 +139,34 @@ class GenerationRequest:
     def cancel(self) -> None:
         self.cancelled = True
 
-    async def events(self) -> list[Delta | Finish]:
-        """Wait for, and take, the events delivered so far."""
+    async def next_events(self) -> list[Delta | Finish]:
+        """Wait for, and take, the events delivered so far (at least one)."""
         while not self._events:
             self._wake.clear()
             await self._wake.wait()
         out = list(self._events)
         self._events.clear()
         return out
+
+    async def events(self) -> AsyncIterator[Delta | Finish]:
+        """Each event as it comes: ``Delta``s, then one ``Finish`` (whatever its reason)."""
+        while True:
+            for event in await self.next_events():
+                yield event
+                if isinstance(event, Finish):
+                    return
+
+    async def result(self) -> Generated:
+        """The whole text and its finish; raises the error a failed generation carries."""
+        texts: list[str] = []
+        async for event in self.events():
+            if isinstance(event, Delta):
+                texts.append(event.text)
+            elif event.error is not None:
+                raise event.error
+            else:
+                return Generated("".join(texts), event)
+        raise AssertionError("unreachable: events() ends with a Finish")
 
 
 class TextAssembler:

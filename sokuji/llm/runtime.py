@@ -27,15 +27,17 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+from sokuji.core.model import ModelMetadata, TensorSpec
+from sokuji.errors import ConfigError
 
-from sokuji.errors import ConfigError, InvalidInput
-from sokuji.runtimes.base import ModelMetadata, Prepared, TensorSpec
+if TYPE_CHECKING:
+    from sokuji.llm.engine import GenerationEngine
+    from sokuji.llm.prompt import PromptBuilder
 
 log = logging.getLogger(__name__)
 SMOLLM2 = "smollm2"
@@ -104,14 +106,16 @@ def default_threads() -> int:
 
 
 class LlamaRuntime:
-    """Loads the GGUF and builds the engine; the server talks to ``engine`` directly."""
+    """Loads the GGUF and builds its prompt rules and engine (not an encoder ``Runtime``:
+    ``llm/generator.py`` serves it under the model contract)."""
 
     close_wait_s = 10.0
     """How long ``close`` waits for prompt tokenisations in flight (each is bounded by the
     prompt's size check: tens of milliseconds) before giving up on freeing the model."""
 
     def __init__(self, name: str, path: str | None, options: Mapping[str, Any],
-                 cache_dir: str, max_queue_depth: int, priority_aging_ms: float) -> None:
+                 cache_dir: str, max_queue_depth: int, priority_aging_ms: float,
+                 max_concurrency: int = 0) -> None:
         from sokuji.llm import native
 
         builtin = path is None and name == SMOLLM2
@@ -125,10 +129,11 @@ class LlamaRuntime:
         self.cache_dir = cache_dir
         self.max_queue_depth = max_queue_depth
         self.priority_aging_ms = priority_aging_ms
-        self.engine: Any = None
+        self.max_concurrency = max_concurrency
+        self.engine: GenerationEngine = None  # type: ignore[assignment]  # set by load()
         self.chat: Any = None
         self.model: Any = None
-        self.prompts: Any = None
+        self.prompts: PromptBuilder = None  # type: ignore[assignment]  # set by load()
         """``llm.prompt.PromptBuilder``: request text -> prompt tokens within the limits."""
 
     def load(self) -> None:
@@ -147,7 +152,7 @@ class LlamaRuntime:
                                  self.model.bos, self.model.eos)
         self.prompts = PromptBuilder(self.name, self.model, self.chat, o)
         self.engine = GenerationEngine(self.name, self.model, EngineConfig.from_options(
-            o, self.max_queue_depth, self.priority_aging_ms))
+            o, self.max_queue_depth, self.priority_aging_ms, self.max_concurrency))
 
     def warmup(self) -> None:
         self.engine.warmup()
@@ -156,13 +161,6 @@ class LlamaRuntime:
         return ModelMetadata(platform="llama.cpp",
                              inputs=(TensorSpec("text_input", "BYTES", (1,)),),
                              outputs=(TensorSpec("text_output", "BYTES", (1,)),))
-
-    def preprocess(self, texts: Sequence[str]) -> Prepared:
-        raise InvalidInput(f"model '{self.name}' generates text: use /v1/chat/completions "
-                           "or /v1/completions")
-
-    def run_batch(self, batch: Sequence[Prepared]) -> list[np.ndarray]:
-        raise AssertionError("a llama model has no batch path")
 
     def close(self) -> None:
         """Free the model once no prompt is being tokenised (new ones get 503 from now on).

@@ -1,7 +1,13 @@
-"""The model repository: builds each configured model's runtime and batcher, and finds them.
+"""The model repository: builds each configured model as a served model (``core/model.py``:
+an ``EncoderModel`` over a runtime and its batcher, or a ``GeneratorModel`` over llama.cpp),
+finds them, and says whether they are ready.
 
 Runtimes are imported by name only when a configured model uses them, so ``import sokuji``
 stays light and a server without ONNX models never imports onnxruntime.
+
+Readiness: a model is ready once started and while every worker thread of its batcher (or
+its engine thread) is alive; the server is ready when every model is. A thread that dies
+turns readiness false at once (503), so a balancer stops sending it traffic.
 """
 
 from __future__ import annotations
@@ -11,16 +17,18 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, cast
 
 from sokuji.config import DEFAULT_MODEL_NAME, ModelConfig, ServerConfig
 from sokuji.core.batcher import BatcherConfig, BatchInfo, DynamicBatcher
+from sokuji.core.model import ModelKind, ModelMetadata, ServedModel
 from sokuji.errors import InvalidInput, ModelNotFound, ModelNotReady
 from sokuji.models import variants
-from sokuji.runtimes.base import ModelMetadata, Runtime
+from sokuji.models.encoder import EncoderModel
+from sokuji.runtimes.base import Runtime
 
 if TYPE_CHECKING:
-    from sokuji.llm.engine import GenerationEngine
+    from sokuji.llm.generator import GeneratorModel
 
 log = logging.getLogger(__name__)
 
@@ -45,51 +53,50 @@ def _build_synthetic(model: ModelConfig, server: ServerConfig) -> Runtime:
     return SyntheticRuntime(model.options)
 
 
-def _build_llama(model: ModelConfig, server: ServerConfig) -> Runtime:
+def _build_llama(model: ModelConfig, server: ServerConfig) -> GeneratorModel:
+    from sokuji.llm.generator import GeneratorModel
     from sokuji.llm.runtime import LlamaRuntime
 
-    return LlamaRuntime(model.name, model.path, model.options, server.cache_dir,
-                        model.max_queue_depth, model.priority_aging_ms)
+    runtime = LlamaRuntime(model.name, model.path, model.options, server.cache_dir,
+                           model.max_queue_depth, model.priority_aging_ms,
+                           model.max_concurrency)
+    runtime.load()
+    if model.warmup:
+        runtime.warmup()
+    return GeneratorModel(model, runtime)
 
 
 RUNTIME_BUILDERS: dict[str, Callable[[ModelConfig, ServerConfig], Runtime]] = {
     "onnx": _build_onnx,
     "synthetic": _build_synthetic,
-    "llama": _build_llama,
 }
-
-
-class Scheduler(Protocol):
-    """What the repository and metrics need of a model's queue: a DynamicBatcher (encoders)
-    or a GenerationEngine (LLMs)."""
-
-    @property
-    def running(self) -> bool: ...
-
-    @property
-    def num_waiting(self) -> int: ...
-
-    def check_capacity(self) -> None: ...
-
-    def start(self) -> None: ...
-
-    async def stop(self) -> None: ...
+"""Encoder runtimes by name (``llama`` is a generator: ``_build_llama``)."""
 
 
 @dataclass
 class Model:
+    """A configured model (or one of its ONNX variants) and the served model behind it."""
+
     config: ModelConfig
-    runtime: Runtime
-    metadata: ModelMetadata
-    batcher: DynamicBatcher | None = None
-    engine: GenerationEngine | None = None
-    ready: bool = False
+    served: ServedModel
+    started: bool = False
+    """Started and not yet shutting down; ``ready`` also needs its threads alive."""
     variant: str = ""
     """The ONNX variant this serves (fp32, int8, ...); empty for other runtimes."""
     primary: bool = True
     """False for the other variants, addressed as V2 versions."""
     variants: dict[str, Model] = field(default_factory=dict)
     """The primary's other servable variants, by name."""
+    metadata: ModelMetadata = field(init=False)
+    kind: ModelKind = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.metadata = self.served.metadata  # (plain attributes: read on every request)
+        self.kind = self.served.kind
+
+    @property
+    def ready(self) -> bool:
+        return self.started and self.served.alive
 
     @property
     def served_version(self) -> str:
@@ -105,26 +112,20 @@ class Model:
     def all(self) -> list[Model]:
         return [self, *self.variants.values()]
 
-    @property
-    def scheduler(self) -> Scheduler:
-        queue = self.engine if self.engine is not None else self.batcher
-        assert queue is not None
-        return queue
-
-    def embedder(self) -> DynamicBatcher:
-        """The batcher of an encoder model; 400 for a generative one."""
-        if self.batcher is None:
+    def embedder(self) -> EncoderModel:
+        """The model as an encoder; 400 for a generative one."""
+        if not isinstance(self.served, EncoderModel):
             raise InvalidInput(f"model '{self.name}' generates text: use "
                                "/v1/chat/completions or /v1/completions", param="model")
-        return self.batcher
+        return self.served
 
-    def generator(self) -> GenerationEngine:
-        """The engine of a generative model; 400 for an encoder."""
-        if self.engine is None:
+    def generator(self) -> GeneratorModel:
+        """The model as a generator; 400 for an encoder."""
+        if self.served.kind is not ModelKind.GENERATOR:
             raise InvalidInput(f"model '{self.name}' does not generate text (it is an "
                                "encoder: use /v1/embeddings or /v2/models/"
                                f"{self.name}/infer)", param="model")
-        return self.engine
+        return cast("GeneratorModel", self.served)  # the one implementation of that kind
 
     @property
     def name(self) -> str:
@@ -154,15 +155,14 @@ class ModelRepository:
             if mc.runtime == "onnx":
                 repo.models[mc.name] = _load_onnx(mc, config, on_batch)
                 continue
+            if mc.runtime == "llama":
+                repo.models[mc.name] = Model(mc, _build_llama(mc, config))
+                log.info("model %s loaded (runtime %s)", mc.name, mc.runtime)
+                continue
             runtime = RUNTIME_BUILDERS[mc.runtime](mc, config)
             runtime.load()
             if mc.warmup:
                 runtime.warmup()
-            engine = getattr(runtime, "engine", None)
-            if engine is not None:
-                repo.models[mc.name] = Model(mc, runtime, runtime.describe(), engine=engine)
-                log.info("model %s loaded (runtime %s)", mc.name, mc.runtime)
-                continue
             repo.models[mc.name] = _batched(mc, runtime, on_batch, mc.name)
             log.info("model %s loaded (runtime %s)", mc.name, mc.runtime)
         return repo
@@ -173,22 +173,22 @@ class ModelRepository:
 
     def start(self) -> None:
         for model in self.every():
-            model.scheduler.start()
-            model.ready = True
+            model.served.start()
+            model.started = True
 
     def mark_unready(self) -> None:
         """Readiness turns false (shutdown begins); requests are still served."""
         for model in self.every():
-            model.ready = False
+            model.started = False
         self.draining = True
 
     async def stop(self) -> None:
         for model in self.every():
-            model.ready = False
-        await asyncio.gather(*(m.scheduler.stop() for m in self.every()))
-        # In threads: a runtime's close may wait (bounded) for work it must not free under,
+            model.started = False
+        await asyncio.gather(*(m.served.stop() for m in self.every()))
+        # In threads: a model's close may wait (bounded) for work it must not free under,
         # e.g. a prompt still being tokenised in a worker thread (LlamaRuntime.close).
-        await asyncio.gather(*(asyncio.to_thread(m.runtime.close) for m in self.every()))
+        await asyncio.gather(*(asyncio.to_thread(m.served.close) for m in self.every()))
 
     def get(self, name: str, version: str | None = None) -> Model:
         """The model (version) by name; 404 naming what is missing, and what there is only
@@ -209,7 +209,8 @@ class ModelRepository:
 
     def get_ready(self, name: str, version: str | None = None) -> Model:
         model = self.get(name, version)
-        if not model.ready and not (self.draining and model.scheduler.running):
+        served = model.served
+        if not (model.started or self.draining) or not served.alive:
             raise ModelNotReady(f"model '{name}' is not ready")
         return model
 
@@ -225,7 +226,7 @@ def _batched(mc: ModelConfig, runtime: Runtime,
         metric_name, runtime.run_batch,
         BatcherConfig.from_model(mc),
         on_batch=on_batch(metric_name) if on_batch else None)
-    return Model(mc, runtime, runtime.describe(), batcher=batcher)
+    return Model(mc, EncoderModel(mc, runtime, batcher))
 
 
 def _load_onnx(mc: ModelConfig, server: ServerConfig,

@@ -1,51 +1,26 @@
-"""The small interface every runtime implements, and the plain data it exchanges.
+"""The small interface every encoder runtime implements (the plain data it exchanges lives in
+``core``: ``Prepared``, ``ModelMetadata``, ``TensorSpec``).
 
-The batcher and the server see only this interface. A runtime is loaded once, warmed up once,
-then called from worker threads: ``preprocess`` per request, on the event loop for short
-inputs and in a worker thread for long ones (so it must be thread-safe, and bound its own cost
-however long a text is), ``run_batch`` in a worker thread (heavy; the runtime must release
-the GIL while it computes). ``close`` may be called while a ``preprocess`` still runs in its
-thread (a cancelled request does not stop it): it must not free what ``preprocess`` uses, or
-must wait for it first.
+``models/encoder.py`` wraps a runtime and its batcher into a served model. A runtime is
+loaded once, warmed up once, then called: ``preprocess`` per request, on the event loop for
+short inputs and in a worker thread for long ones (so it must be thread-safe, and bound its
+own cost however long a text is), ``run_batch`` in a worker thread (heavy; the runtime must
+release the GIL while it computes). ``close`` may be called while a ``preprocess`` still runs
+in its thread (a cancelled request does not stop it): it must not free what ``preprocess``
+uses, or must wait for it first.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 
+from sokuji.core.model import ModelMetadata, TensorSpec
+from sokuji.core.request import Prepared
 
-@dataclass(frozen=True)
-class TensorSpec:
-    name: str
-    datatype: str
-    """KServe V2 datatype: BYTES, FP32, INT64, ..."""
-    shape: tuple[int, ...]
-    """-1 marks a variable dimension."""
-
-
-@dataclass(frozen=True)
-class ModelMetadata:
-    platform: str
-    inputs: tuple[TensorSpec, ...]
-    outputs: tuple[TensorSpec, ...]
-
-
-@dataclass(frozen=True)
-class Prepared:
-    """A request's inputs after preprocessing, ready to be batched.
-
-    ``num_items`` rows, each needing ``length`` positions once padded; ``num_tokens`` is the
-    unpadded count (reported as usage).
-    """
-
-    data: Any
-    num_items: int
-    length: int
-    num_tokens: int
+__all__ = ["ModelMetadata", "Prepared", "Runtime", "TensorSpec"]
 
 
 class Runtime(Protocol):

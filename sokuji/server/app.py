@@ -1,9 +1,12 @@
 """The ASGI application: a direct path for inference, Starlette for the control plane.
 
 Inference (``POST /v2/models/{name}[/versions/{v}]/infer`` and ``POST /v1/embeddings``) is
-served by a plain ASGI handler: body read (bounded) -> codec decode -> runtime ``preprocess``
-(tokenise) -> model queue -> batcher -> ``run_batch`` in a worker thread -> codec encode ->
-response with ``Server-Timing``. Starlette's middleware and router cost ~50-80 us a request on
+served by a plain ASGI handler: body read (bounded) -> codec decode -> the model's
+``prepare`` (tokenise) -> ``submit`` (admission, queue, batcher) -> ``run_batch`` in a worker
+thread -> codec encode -> response with ``Server-Timing``. Generations
+(``/v1/chat/completions``, ``/v1/completions``) go to ``llm_api``. Every such request is
+authenticated once, here, after its method is checked; the tenant then travels in the
+request's ``RequestContext``. Starlette's middleware and router cost ~50-80 us a request on
 this path, as much as everything else Sokuji does, so only the control plane (health,
 metadata, metrics, 404/405) goes through Starlette. The Timeline starts when the request enters.
 """
@@ -15,50 +18,42 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any
 
 import numpy as np
 from starlette.applications import Starlette
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sokuji.config import ServerConfig
-from sokuji.core import offload
 from sokuji.core.cache import CacheResult, Entry, ResponseCache, cache_key
-from sokuji.core.request import InferenceRequest, Stage, Timeline
+from sokuji.core.model import ModelKind, RequestContext
+from sokuji.core.request import Stage, Timeline
 from sokuji.errors import (
     BadRequest,
     ConfigError,
-    DeadlineExceeded,
     InvalidInput,
     MethodNotAllowed,
     ModelNotFound,
-    ModelNotReady,
     SokujiError,
 )
+from sokuji.models.encoder import EncoderModel
 from sokuji.models.repository import Model, ModelRepository
 from sokuji.observability.metrics import Metrics
 from sokuji.server import backends, llm_api, openai_api, scheduling, v2
 from sokuji.server.auth import Authenticator, Tenant
 from sokuji.server.control import ControlPlane
+from sokuji.server.failures import ErrorStyle, error_reply, to_error
 from sokuji.server.http import (
     JSON,
     ClientGone,
     Headers,
     Reply,
     check_content_type,
-    error_reply,
     read_body,
 )
 from sokuji.server.jobs import JOBS_PREFIX, JobService
 
 log = logging.getLogger(__name__)
 VARIANT_HEADER = "x-sokuji-variant"
-INLINE_MAX_CHARS = 4096
-"""Requests whose texts total up to this many characters are tokenised on the event loop
-(MiniLM: ~0.3 ms for 1 KiB, ~1.1 ms for 4 KiB; the hop to a worker thread costs ~40 us);
-longer ones in the ``sokuji-prep`` pool (``core/offload.py``), so a long text never holds
-up other requests. Each text's own cost is bounded by the runtime, which reads a text only
-as far as its model does (``runtimes/onnx.py``)."""
 
 
 class Inference:
@@ -72,37 +67,30 @@ class Inference:
         self.cache = cache
         self.auth = Authenticator(config.api_keys)
 
-    async def _run(self, model: Model, texts: list[str], tl: Timeline, headers: Headers,
-                   parameters: dict[str, Any], tenant: Tenant,
-                   request_id: str = "") -> tuple[np.ndarray, int]:
-        """Outputs for ``texts`` (from the cache, or through the model's queue), and the
+    async def _run(self, model: Model, encoder: EncoderModel, texts: list[str],
+                   ctx: RequestContext, cache_control: str) -> tuple[np.ndarray, int]:
+        """Outputs for ``texts`` (from the cache, or through the ``encoder``), and the
         unpadded token count."""
-        prio = scheduling.priority(headers, parameters, tenant.priority, tenant.max_priority)
-        deadline = scheduling.deadline_ns(headers, parameters, tl.start_ns,
-                                          model.config.default_timeout_ms)
+        tl = ctx.timeline
+        assert tl is not None
+        cached = self.cache is not None and model.config.cache
 
         async def compute() -> Entry:
-            if self.cache is not None and model.config.cache:
+            if cached:
                 tl.mark(Stage.CACHE)
             if model.variant:
                 tl.notes[Stage.INFER] = model.variant
-            if sum(map(len, texts)) > INLINE_MAX_CHARS:
-                prepared = await offload.run(model.runtime.preprocess, texts)
-            else:
-                prepared = model.runtime.preprocess(texts)
+            prepared = await encoder.prepare(texts, ctx)
             tl.mark(Stage.PREPROCESS)
-            output = await model.embedder().submit(InferenceRequest(
-                model=model.name, payload=prepared, num_items=prepared.num_items,
-                length=prepared.length, timeline=tl, request_id=request_id, priority=prio,
-                deadline_ns=deadline))
+            output = await encoder.submit(prepared, ctx).result()
             tl.mark(Stage.POSTPROCESS)
             return Entry(output, prepared.num_tokens)
 
-        if self.cache is None or not model.config.cache:
+        if self.cache is None or not cached:
             entry = await compute()
             return entry.output, entry.num_tokens
-        control = headers.get("cache-control", "").lower()
-        key = cache_key(tenant.name, model.name, f"{model.version}:{model.variant}", texts)
+        control = cache_control.lower()
+        key = cache_key(ctx.tenant, model.name, f"{model.version}:{model.variant}", texts)
         entry, result = await self.cache.get_or_compute(
             model.name, key, compute, read="no-cache" not in control,
             store="no-store" not in control)
@@ -115,7 +103,8 @@ class Inference:
                        tl: Timeline, tenant: Tenant) -> tuple[str, bytes, Headers]:
         tenant.check_model(params["model_name"])  # first: 403 tells nothing of other models
         model = self.repo.get_ready(params["model_name"], params.get("version"))
-        model.embedder().check_capacity()  # refuse before reading the body
+        encoder = model.embedder()
+        encoder.check_admission()  # refuse before reading the body
         header_len = headers.get(v2.HEADER_LENGTH)
         check_content_type(headers, binary_ok=header_len is not None)
         body = await read_body(receive, headers, self.config.max_request_bytes)
@@ -126,8 +115,10 @@ class Inference:
                              "integer") from None
         req = v2.decode_infer(body, length, model.metadata, model.config.max_batch_size)
         tl.mark(Stage.DECODE)
-        output, _ = await self._run(model, req.texts, tl, headers, req.parameters, tenant,
-                                    req.request_id)
+        ctx = scheduling.context(tenant, headers, req.parameters, tl.start_ns,
+                                 model.config.default_timeout_ms, req.request_id, tl)
+        output, _ = await self._run(model, encoder, req.texts, ctx,
+                                    headers.get("cache-control", ""))
         payload, out_headers = v2.encode_infer(model.name, model.served_version, req,
                                                [(model.metadata.outputs[0], output)])
         if model.variant:
@@ -146,7 +137,10 @@ class Inference:
         openai_api.check_limits(req, model.config.max_batch_size,
                                 model.metadata.outputs[0].shape[-1])
         tl.mark(Stage.DECODE)
-        output, num_tokens = await self._run(model, req.texts, tl, headers, {}, tenant)
+        ctx = scheduling.context(tenant, headers, {}, tl.start_ns,
+                                 model.config.default_timeout_ms, timeline=tl)
+        output, num_tokens = await self._run(model, model.embedder(), req.texts, ctx,
+                                             headers.get("cache-control", ""))
         out_headers = {"content-type": JSON}
         if model.variant:
             out_headers[VARIANT_HEADER] = model.variant
@@ -158,27 +152,35 @@ Endpoint = Callable[[dict[str, str], Headers, Receive, Timeline, Tenant],
                     Awaitable[tuple[str, bytes, Headers]]]
 
 
+Route = tuple[Endpoint, dict[str, str], ErrorStyle]
+"""An inference route: its endpoint, its path parameters, and the error format of the
+protocol it speaks. (A plain tuple: built on every request.)"""
+
+
 class SokujiApp:
-    """Outermost ASGI app: inference (and jobs) directly, everything else to Starlette."""
+    """Outermost ASGI app: inference, generation and jobs directly, everything else to
+    Starlette."""
 
     def __init__(self, inference: Inference, control_plane: ASGIApp,
                  jobs: JobService | None = None) -> None:
         self.inference = inference
+        self.auth = inference.auth
         self.generation = llm_api.Generation(inference.config, inference.repo,
-                                             inference.metrics, inference.auth)
+                                             inference.metrics)
         self.control_plane = control_plane
         self.metrics = inference.metrics
         self.jobs = jobs
 
-    def route(self, path: str) -> tuple[Endpoint, dict[str, str]] | None:
+    def route(self, path: str) -> Route | None:
         if path == "/v1/embeddings":
-            return self.inference.openai_embeddings, {}
+            return self.inference.openai_embeddings, {}, ErrorStyle.OPENAI
         if path.startswith("/v2/models/") and path.endswith("/infer"):
             parts = path.split("/")  # '', 'v2', 'models', name, ['versions', v,] 'infer'
             if len(parts) == 5 and parts[3]:
-                return self.inference.v2_infer, {"model_name": parts[3]}
+                return self.inference.v2_infer, {"model_name": parts[3]}, ErrorStyle.V2
             if len(parts) == 7 and parts[3] and parts[4] == "versions" and parts[5]:
-                return self.inference.v2_infer, {"model_name": parts[3], "version": parts[5]}
+                return (self.inference.v2_infer,
+                        {"model_name": parts[3], "version": parts[5]}, ErrorStyle.V2)
         return None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -187,25 +189,38 @@ class SokujiApp:
             return
         t0 = time.perf_counter_ns()
         path, method = scope["path"], scope["method"]
-        if path in llm_api.PATHS:
-            headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-            await self.generation(path, method, headers, receive, send, t0)
-            return
-        is_job = self.jobs is not None and path.startswith(JOBS_PREFIX)
-        route = None if is_job else self.route(path)
-        if not is_job and route is None:
+        generation = path in llm_api.PATHS
+        is_job = not generation and self.jobs is not None and path.startswith(JOBS_PREFIX)
+        route = None if generation or is_job else self.route(path)
+        if not (generation or is_job or route is not None):
             await self.control_plane(scope, receive, send)
             return
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        allowed = "GET" if is_job else "POST"
+        style = ErrorStyle.OPENAI if generation else route[2] if route else ErrorStyle.V2
+        # The method, then who is asking: once per request, before any work.
+        try:
+            if method != allowed:
+                raise MethodNotAllowed(f"{method} is not allowed on {path}; use {allowed}",
+                                       allow=(allowed,))
+            tenant = self.auth.authenticate(headers)
+        except SokujiError as exc:
+            if route is not None:
+                self._failed(route[1], exc, t0)
+            await error_reply(to_error(exc, method, path), style).send(send)
+            return
+        if generation:
+            await self.generation(path, headers, receive, send, t0, tenant)
+            return
         if is_job:
             assert self.jobs is not None
-            reply: Reply | None = await self.guard(method, path, {}, self.jobs.status(
-                method, path, headers))
+            reply: Reply | None = await self.guard(
+                method, path, {}, self.jobs.status(path, tenant), style)
         elif self.jobs is not None and "respond-async" in headers.get("prefer", ""):
-            reply = await self.guard(method, path, {},
-                                     self.jobs.submit(method, path, headers, receive))
+            reply = await self.guard(method, path, {}, self.jobs.submit(
+                path, headers, receive, tenant), style)
         else:
-            reply = await self.respond(method, path, headers, receive, t0, route=route)
+            reply = await self.respond(method, path, headers, receive, t0, tenant, route)
         if reply is not None:
             await reply.send(send)
 
@@ -225,59 +240,59 @@ class SokujiApp:
         self.inference.repo.get(name, version)
 
     async def guard(self, method: str, path: str, params: dict[str, str],
-                    work: Awaitable[Reply | None], t0: int | None = None) -> Reply | None:
-        """Await ``work``; map the error tree to replies (headers included: ``Allow`` on a
-        405, ``Retry-After`` on a 429 ...), and anything else to a logged 500. An error for a
-        known model counts as a failure in its statistics (arrival ``t0`` to now)."""
+                    work: Awaitable[Reply | None], style: ErrorStyle,
+                    t0: int | None = None) -> Reply | None:
+        """Await ``work``; map any error to a reply in the route's format (``failures.py``).
+        An error for a known model counts as a failure in its statistics (arrival ``t0`` to
+        now)."""
         try:
             return await work
         except ClientGone:
             return None
-        except SokujiError as exc:
-            if exc.status >= 500 and not isinstance(exc, (DeadlineExceeded, ModelNotReady)):
-                log.error("%s %s: %s", method, path, exc.message)  # load shedding is not
-            model = params.get("model_name", "")
-            if model in self.inference.repo.models:
-                self.metrics.requests.labels(model, str(exc.status)).inc()
-                self._count_failure(params, t0)
-            return error_reply(path, exc.status, exc.code, exc.message, exc.param, exc.headers)
-        except Exception as exc:  # the one outermost catch-all: a 500 is a bug, logged
-            log.exception("unhandled error on %s %s", method, path)
-            if params.get("model_name", "") in self.inference.repo.models:
-                self._count_failure(params, t0)
-            return error_reply(path, 500, "internal_error",
-                               f"internal error: {type(exc).__name__}")
+        except Exception as exc:  # noqa: BLE001 - every error, SokujiError or a bug: one mapper
+            error = to_error(exc, method, path)
+            self._failed(params, exc, t0)
+            return error_reply(error, style)
 
-    def _count_failure(self, params: dict[str, str], t0: int | None) -> None:
+    def _failed(self, params: dict[str, str], exc: Exception, t0: int | None) -> None:
+        """Count a failed request against its model's metrics and statistics, if known."""
+        name = params.get("model_name", "")
+        if name not in self.inference.repo.models:
+            return
+        if isinstance(exc, SokujiError):
+            self.metrics.requests.labels(name, str(exc.status)).inc()
         try:
-            model = self.inference.repo.get(params["model_name"], params.get("version"))
+            model = self.inference.repo.get(name, params.get("version"))
         except ModelNotFound:  # an unknown version: no statistics to count it in
             return
         elapsed_ns = time.perf_counter_ns() - t0 if t0 is not None else 0
         self.metrics.observe_failure(model.metric_name, elapsed_ns)
 
     async def respond(self, method: str, path: str, headers: Headers, receive: Receive,
-                      t0: int, tenant: Tenant | None = None,
-                      route: tuple[Endpoint, dict[str, str]] | None = None) -> Reply | None:
-        """The inference path as a function: the reply, or None if the client went away.
-        ``tenant`` is given for work already authorised (jobs); else the headers decide."""
+                      t0: int, tenant: Tenant | SokujiError,
+                      route: Route | None = None) -> Reply | None:
+        """The inference path as a function, for a request already authenticated (the
+        tenant: from the headers, or the job's key; or the refusal of a job whose key lost
+        its rights, answered like any error of the route): the reply, or None if the client
+        went away."""
         route = route or self.route(path)
         assert route is not None
-        endpoint, params = route
+        endpoint, params, style = route
         tl = Timeline(t0)
 
         async def run() -> Reply:
             if method != "POST":
                 raise MethodNotAllowed(f"{method} is not allowed on {path}; use POST")
-            who = tenant or self.inference.auth.authenticate(headers)
-            model, body, out_headers = await endpoint(params, headers, receive, tl, who)
+            if isinstance(tenant, SokujiError):
+                raise tenant
+            model, body, out_headers = await endpoint(params, headers, receive, tl, tenant)
             tl.mark(Stage.ENCODE)
             out_headers["server-timing"] = tl.server_timing()
             # Published after the response is written, off the request's own latency.
             asyncio.get_running_loop().call_soon(self.metrics.observe_request, model, tl, 200)
             return Reply(200, body, out_headers)
 
-        return await self.guard(method, path, params, run(), t0)
+        return await self.guard(method, path, params, run(), style, t0)
 
 
 def create_app(config: ServerConfig, repo: ModelRepository,
@@ -285,12 +300,12 @@ def create_app(config: ServerConfig, repo: ModelRepository,
     """The ASGI app over an already-loaded repository; batchers start with the lifespan."""
     metrics = metrics or Metrics()
     for model in repo.every():
-        metrics.add_model(model.metric_name, model.scheduler)
+        metrics.add_model(model.metric_name, model.served)
         if model.variant and model.primary:
             metrics.variant.labels(model.name, model.variant).set(1)
     for name, model in repo.models.items():
-        if model.engine is not None:
-            metrics.llm.add_engine(name, model.engine)
+        if model.kind is ModelKind.GENERATOR:
+            metrics.llm.add_engine(name, model.generator().engine)
     cache = backends.build_cache(config, metrics)
     inference = Inference(config, repo, metrics, cache)
     cp = ControlPlane(config, repo, metrics, inference.auth)

@@ -31,7 +31,8 @@ from sokuji.models.repository import Model, ModelRepository
 from sokuji.observability.metrics import CONTENT_TYPE, Metrics
 from sokuji.server import triton, v2
 from sokuji.server.auth import Authenticator, Tenant
-from sokuji.server.http import JSON, error_reply
+from sokuji.server.failures import ErrorStyle, error_body, to_error
+from sokuji.server.http import JSON
 
 log = logging.getLogger(__name__)
 EXTENSIONS = ("binary_tensor_data", "model_configuration", "statistics", "schedule_policy")
@@ -146,13 +147,16 @@ class ControlPlane:
     @staticmethod
     def _error(request: Request, status: int, code: str, message: str,
                param: str | None = None, headers: dict[str, str] | None = None) -> Response:
-        reply = error_reply(request.url.path, status, code, message, param, headers)
-        return Response(reply.body, status_code=status, headers=reply.headers)
+        # The error format of the API family the path belongs to: /v1/ is OpenAI's
+        # namespace (/v1/models, and any unknown path under it); the rest speaks V2.
+        style = ErrorStyle.OPENAI if request.url.path.startswith("/v1/") else ErrorStyle.V2
+        return Response(error_body(style, status, code, message, param), status_code=status,
+                        headers={"content-type": JSON, **(headers or {})})
 
     async def on_sokuji_error(self, request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, SokujiError)
-        return self._error(request, exc.status, exc.code, exc.message, exc.param,
-                           exc.headers)  # e.g. WWW-Authenticate on a 401
+        error = to_error(exc, request.method, request.url.path)
+        return self._error(request, error.status, error.code, error.message, error.param,
+                           error.headers)  # e.g. WWW-Authenticate on a 401
 
     async def on_http_error(self, request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
@@ -164,9 +168,7 @@ class ControlPlane:
                            headers=headers)
 
     async def on_unexpected(self, request: Request, exc: Exception) -> Response:
-        log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return self._error(request, 500, "internal_error",
-                           f"internal error: {type(exc).__name__}")
+        return await self.on_sokuji_error(request, exc)  # (logged there, answered 500)
 
 
 def _json(doc: Any, status: int = 200) -> Response:

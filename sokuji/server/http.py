@@ -1,5 +1,6 @@
 """HTTP plumbing shared by the inference path and the job service: bounded body reads,
-content-type checks, and replies as plain data (status, headers, body)."""
+content-type checks, and replies as plain data (status, headers, body). Error replies are
+``server/failures.py``'s."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import orjson
 from starlette.types import Receive, Send
 
 from sokuji.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
-from sokuji.server import openai_api
 
 JSON = "application/json"
 Headers = dict[str, str]
@@ -85,17 +85,3 @@ def check_content_type(headers: Headers, binary_ok: bool) -> None:
         " or application/octet-stream (with Inference-Header-Content-Length)"
         if binary_ok else "")
     raise UnsupportedMediaType(f"Content-Type {ctype!r} is not supported; send {accepted}")
-
-
-def error_body(path: str, status: int, code: str, message: str, param: str | None) -> bytes:
-    if path.startswith("/v1/"):
-        return openai_api.error_body(status, code, message, param)
-    return orjson.dumps({"error": message, "code": code})
-
-
-
-
-def error_reply(path: str, status: int, code: str, message: str, param: str | None = None,
-                headers: Headers | None = None) -> Reply:
-    return Reply(status, error_body(path, status, code, message, param),
-                 {"content-type": JSON, **(headers or {})})

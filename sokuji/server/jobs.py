@@ -48,7 +48,14 @@ from starlette.types import Receive
 
 from sokuji.config import ServerConfig
 from sokuji.core.jobs import Job, JobStatus, JobStoreProtocol, QuotaHit
-from sokuji.errors import MethodNotAllowed, NotFound, Overloaded, StoreUnavailable
+from sokuji.errors import (
+    Forbidden,
+    NotFound,
+    Overloaded,
+    SokujiError,
+    StoreUnavailable,
+    Unauthorized,
+)
 from sokuji.server import scheduling
 from sokuji.server.auth import OPEN, Authenticator, Tenant, key_id
 from sokuji.server.callback_delivery import (
@@ -58,7 +65,7 @@ from sokuji.server.callback_delivery import (
     tenant_secret,
 )
 from sokuji.server.callbacks import CALLBACK_HEADER, Allowlist, CallbackPolicy, Resolver, parse
-from sokuji.server.http import Headers, Reply, error_reply, json_reply, read_body
+from sokuji.server.http import Headers, Reply, json_reply, read_body
 
 log = logging.getLogger(__name__)
 JOBS_PREFIX = "/v2/jobs/"
@@ -130,11 +137,9 @@ class JobService:
                 wait_s = min(STORE_BACKOFF_S[1], wait_s * 2)
 
     # --- HTTP ------------------------------------------------------------------------------
-    async def submit(self, method: str, path: str, headers: Headers,
-                     receive: Receive) -> Reply:
-        if method != "POST":
-            raise MethodNotAllowed(f"{method} is not allowed on {path}; use POST")
-        tenant = self.auth.authenticate(headers)
+    async def submit(self, path: str, headers: Headers, receive: Receive,
+                     tenant: Tenant) -> Reply:
+        """``POST`` with ``Prefer: respond-async`` by ``tenant`` (authenticated by the app)."""
         callback = headers.get(CALLBACK_HEADER)
         if callback is not None:
             parse(callback)  # its shape: a 400 before the body is read
@@ -177,11 +182,8 @@ class JobService:
                           "finished ones until they expire): submit more when some have "
                           "finished or expired", retry_after_s=BYTES_RETRY_AFTER_S)
 
-    async def status(self, method: str, path: str, headers: Headers) -> Reply:
-        if method != "GET":
-            raise MethodNotAllowed(f"{method} is not allowed on {path}; use GET",
-                                   allow=("GET",))
-        tenant = self.auth.authenticate(headers)
+    async def status(self, path: str, tenant: Tenant) -> Reply:
+        """``GET`` of a job or its result by ``tenant`` (authenticated by the app)."""
         rest = path[len(JOBS_PREFIX):].split("/")
         if not _JOB_ID.fullmatch(rest[0]) or rest[1:] not in ([], ["result"]):
             raise NotFound(f"no job at {path}")
@@ -296,9 +298,10 @@ class JobService:
         finally:
             self._held.discard(job.id)
 
-    def _rights(self, job: Job) -> Tenant | Reply:
-        """The tenant to run ``job`` as: its key's rights as configured now. A stored refusal
-        if the key is gone (never wider rights than the key had)."""
+    def _rights(self, job: Job) -> Tenant | SokujiError:
+        """The tenant to run ``job`` as: its key's rights as configured now. A refusal (401,
+        403), answered and stored as the synchronous call's would be, if the key is gone
+        (never wider rights than the key had)."""
         if not self.auth.enabled:
             return OPEN  # an open server: anyone may do what the job does
         if job.key_id is None:
@@ -317,14 +320,13 @@ class JobService:
         else:
             return tenant
         log.warning("job %s (tenant %r): %s", job.id, job.tenant, why)
-        code = "unauthorized" if status == 401 else "forbidden"
-        return error_reply(job.path, status, code, why)
+        return Unauthorized(why) if status == 401 else Forbidden(why)
 
     async def _run(self, job: Job) -> Reply | None:
+        """The job through the inference path (``respond``), as its key (or, refused, with
+        the refusal mapped there like any other error)."""
         assert self._respond is not None
         tenant = self._rights(job)
-        if isinstance(tenant, Reply):
-            return tenant
         headers = dict(job.headers)
         headers.setdefault(scheduling.PRIORITY_HEADER, "batch")  # jobs of older versions
         sent = False

@@ -18,10 +18,11 @@ from typing import Any
 
 import orjson
 
+from sokuji.core.model import GenerationInput
 from sokuji.errors import InvalidInput
 from sokuji.llm.chat import validate_messages
 from sokuji.llm.request import Timing
-from sokuji.server.v2 import parse_json
+from sokuji.server.openai_api import parse_request
 
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "stop", "seed", "n", "stream",
            "stream_options", "user", "presence_penalty", "frequency_penalty", "logprobs",
@@ -35,21 +36,10 @@ _TEXT = _COMMON | {"prompt", "echo", "best_of", "suffix"}
 
 
 @dataclass
-class CompletionRequest:
-    chat: bool
+class CompletionRequest(GenerationInput):
+    """The model's ``GenerationInput``, and how the client wants it answered."""
+
     model: str
-    messages: list[dict[str, str]] | None
-    prompt: str | list[int] | None
-    max_tokens: int | None
-    max_tokens_field: str
-    """The field ``max_tokens`` came from (errors name it): max_tokens or
-    max_completion_tokens."""
-    min_tokens: int
-    ignore_eos: bool
-    temperature: float
-    top_p: float
-    stop: tuple[str, ...]
-    seed: int | None
     stream: bool
     include_usage: bool
     """A last chunk with the whole usage (``stream_options.include_usage``)."""
@@ -108,16 +98,7 @@ def _refuse_unless(doc: dict[str, Any], key: str, allowed: tuple[Any, ...], why:
 
 
 def decode(body: bytes, chat: bool) -> CompletionRequest:
-    doc = parse_json(body)
-    if not isinstance(doc, dict):
-        raise InvalidInput("request body must be a JSON object")
-    extra = sorted(set(doc) - (_CHAT if chat else _TEXT))
-    if extra:
-        raise InvalidInput(f"unrecognized request argument(s): {', '.join(extra)}",
-                           param=extra[0])
-    model = doc.get("model")
-    if not isinstance(model, str) or not model:
-        raise InvalidInput("'model' is required and must be a string", param="model")
+    doc, model = parse_request(body, _CHAT if chat else _TEXT)
     _refuse_unless(doc, "n", (None, 1), "only n=1 is served")
     _refuse_unless(doc, "presence_penalty", (None, 0, 0.0), "penalties are not implemented")
     _refuse_unless(doc, "frequency_penalty", (None, 0, 0.0), "penalties are not implemented")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,17 +25,24 @@ class EmbeddingsRequest:
     dimensions: int | None = None
 
 
-def decode_embeddings(body: bytes) -> EmbeddingsRequest:
+def parse_request(body: bytes, fields: AbstractSet[str]) -> tuple[dict[str, Any], str]:
+    """The OpenAI request preamble, for every endpoint: a JSON object, no field outside
+    ``fields`` (400 naming the first), and a ``model`` string. Returns (the object, model)."""
     doc = parse_json(body)
     if not isinstance(doc, dict):
         raise InvalidInput("request body must be a JSON object")
-    extra = sorted(set(doc) - _FIELDS)
+    extra = sorted(set(doc) - fields)
     if extra:
         raise InvalidInput(f"unrecognized request argument(s): {', '.join(extra)}",
                            param=extra[0])
     model = doc.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidInput("'model' is required and must be a string", param="model")
+    return doc, model
+
+
+def decode_embeddings(body: bytes) -> EmbeddingsRequest:
+    doc, model = parse_request(body, _FIELDS)
     raw = doc.get("input")
     if isinstance(raw, str):
         texts = [raw]

@@ -7,7 +7,9 @@
   to ``batch`` stays batch (silently, as a Triton priority level above the model's range is).
 - Timeout: header ``X-Sokuji-Timeout-Ms``, or the V2 parameter ``timeout`` in microseconds
   (Triton's convention), else the model's ``default_timeout_ms``. The deadline is counted from
-  the request's arrival.
+  the request's arrival. It bounds the request's *start* (``core/policy.py``).
+
+``context`` puts both, with the tenant, into the ``RequestContext`` every layer reads.
 """
 
 from __future__ import annotations
@@ -16,8 +18,10 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from sokuji.core.request import Priority
+from sokuji.core.model import RequestContext
+from sokuji.core.request import Priority, Timeline
 from sokuji.errors import InvalidInput
+from sokuji.server.auth import Tenant
 
 PRIORITY_HEADER = "x-sokuji-priority"
 TIMEOUT_HEADER = "x-sokuji-timeout-ms"
@@ -69,3 +73,19 @@ def deadline_ns(headers: Mapping[str, str], parameters: Mapping[str, Any], arriv
     # A deadline further away than MAX_TIMEOUT_MS is no deadline in practice; the cap keeps
     # the arithmetic in range for any finite value a client sends.
     return arrival_ns + int(min(timeout_ms, MAX_TIMEOUT_MS) * 1e6)
+
+
+TRACEPARENT = "traceparent"
+
+
+def context(tenant: Tenant, headers: Mapping[str, str], parameters: Mapping[str, Any],
+            arrival_ns: int, default_timeout_ms: float, request_id: str = "",
+            timeline: Timeline | None = None) -> RequestContext:
+    """The request's context once its model (its default timeout) and its parameters are
+    known: the authenticated tenant, the priority under its ceiling, the deadline."""
+    return RequestContext(
+        tenant=tenant.name,
+        priority=priority(headers, parameters, tenant.priority, tenant.max_priority),
+        deadline_ns=deadline_ns(headers, parameters, arrival_ns, default_timeout_ms),
+        arrival_ns=arrival_ns, request_id=request_id, traceparent=headers.get(TRACEPARENT),
+        timeline=timeline)

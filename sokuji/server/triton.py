@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from sokuji.core.model import ModelKind
 from sokuji.models.repository import Model
 from sokuji.observability.stats import Duration, StatsSnapshot
 from sokuji.runtimes.base import ModelMetadata, TensorSpec
@@ -52,7 +53,7 @@ def stats_version(model: Model) -> str:
 def batched(model: Model) -> bool:
     """Whether the model batches in Triton's sense (``max_batch_size`` > 0): every input
     leads with the batch dimension."""
-    return model.batcher is not None and all(t.shape[:1] == (-1,) for t in
+    return model.kind is ModelKind.ENCODER and all(t.shape[:1] == (-1,) for t in
                                              model.metadata.inputs)
 
 
@@ -108,14 +109,14 @@ def model_config(model: Model, primary: Model, response_cache: bool) -> dict[str
         "batch_input": [], "batch_output": [],
         "instance_group": [{
             "name": f"{model.name}_0", "kind": "KIND_CPU",
-            "count": mc.instances if model.batcher is not None else 1, "gpus": [],
+            "count": mc.instances if model.kind is ModelKind.ENCODER else 1, "gpus": [],
             "secondary_devices": [], "profile": [], "passive": False, "host_policy": ""}],
         "default_model_filename": "", "cc_model_filenames": {}, "metric_tags": {},
         "model_warmup": [],
-        "model_transaction_policy": {"decoupled": model.engine is not None},
+        "model_transaction_policy": {"decoupled": model.kind is ModelKind.GENERATOR},
         "response_cache": {"enable": response_cache and mc.cache and batching},
     }
-    if model.batcher is not None:
+    if model.kind is ModelKind.ENCODER:
         # Sokuji's batcher is work-conserving: max_queue_delay only applies while another
         # instance of the model is busy (Triton's always does). Priority level 1 is
         # interactive, 2 and above batch.

@@ -39,7 +39,7 @@ def chat(client: TestClient, headers: dict[str, str]) -> Any:
 
 
 def test_a_generation_cannot_rise_above_the_tenants_ceiling(llm: TestClient) -> None:
-    engine = llm.app.inference.repo.models["smollm2"].engine  # type: ignore[attr-defined]
+    engine = llm.app.inference.repo.models["smollm2"].generator().engine  # type: ignore[attr-defined]
     seen: list[Priority] = []
     submit = engine.submit
 
@@ -73,3 +73,34 @@ def test_config_and_stats_of_a_generative_model(llm: TestClient) -> None:
     assert stats["compute_infer"][1] > 0 and stats["compute_output"][1] == 0
     assert stats["success"][1] >= stats["compute_input"][1] + stats["queue"][1] + \
         stats["compute_infer"][1]
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_readiness_turns_503_when_the_engine_thread_dies() -> None:
+    model = cfg.ModelConfig(name="smollm2", runtime="llama", cache=False, warmup=False,
+                            options={"slots": 1, "context_size": 256, "prefix_cache_mb": 0})
+    config = cfg.validate(cfg.ServerConfig(models=(model,), cache_dir=str(CACHE_DIR)))
+    with client_for(config) as client:
+        def ready() -> tuple[int, int, int]:
+            return (client.get("/v2/health/ready").status_code,
+                    client.get("/health").status_code,
+                    client.get("/v2/models/smollm2/ready").status_code)
+
+        assert ready() == (200, 200, 200)
+        engine = client.app.inference.repo.models["smollm2"].generator().engine  # type: ignore[attr-defined]
+
+        def broken(entries: object) -> int:
+            raise ZeroDivisionError("a bug inside the engine loop")
+
+        engine.model.decode = broken  # the next step raises inside the engine thread
+        r = client.post("/v1/completions", json={"model": "smollm2", "prompt": "Hi",
+                                                 "max_tokens": 2})
+        assert r.status_code == 500 and "internal error in the generation engine" in r.text
+        assert engine._thread is not None
+        engine._thread.join(30)
+        assert not engine.alive
+        assert ready() == (503, 503, 503)
+        r = client.post("/v1/completions", json={"model": "smollm2", "prompt": "Hi",
+                                                 "max_tokens": 2})
+        assert r.status_code == 503 and r.json()["error"]["code"] == "model_not_ready"
+        assert client.get("/v2/health/live").status_code == 200

@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
+from sokuji.bench.engine import parse_server_timing
 from tests.conftest import CACHE_DIR
 from tests.integration.serving import sokuji_server
 
@@ -191,3 +192,22 @@ def test_interactive_requests_take_the_slot_before_batch_class(url: str) -> None
     batch.join(30)
     interactive.join(30)
     assert done == ["interactive", "batch"]
+
+
+def test_a_deadline_bounds_the_start_not_a_running_generation(url: str) -> None:
+    """With the slot free, a generation starts at once; given a deadline a quarter of the time
+    its decoding takes (measured first, without a deadline), it still runs to max_tokens: a
+    deadline bounds the start only (core/policy.py)."""
+    body = {"model": "smollm2", "prompt": "Hi", "max_tokens": 200, "ignore_eos": True,
+            "temperature": 0}
+    first = post(url, body)
+    assert first.status_code == 200, first.text
+    decode_ms = parse_server_timing(first.headers["server-timing"])["decode"]
+    deadline_ms = decode_ms / 4
+    r = post(url, body, {"X-Sokuji-Timeout-Ms": f"{deadline_ms:.3f}"})
+    assert r.status_code == 200, r.text
+    doc = r.json()
+    assert doc["choices"][0]["finish_reason"] == "length"
+    assert doc["usage"]["completion_tokens"] == 200
+    timing = parse_server_timing(r.headers["server-timing"])
+    assert timing["total"] > deadline_ms  # it did outlive its deadline, and was not cut

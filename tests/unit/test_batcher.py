@@ -362,7 +362,7 @@ async def test_retry_after_follows_the_measured_drain_rate(rt: GatedRuntime) -> 
     await rt.next_batch()
     queued = [asyncio.create_task(b.submit(make_request([f"q{i}"]))) for i in range(3)]
     await asyncio.sleep(0)
-    b._items_per_s = 0.5  # as if one item took 2 s: 3 queued items drain in 6 s
+    b._drain.per_server_s = 0.5  # as if one item took 2 s: 3 queued items drain in 6 s
     with pytest.raises(Overloaded) as err:
         await b.submit(make_request(["x"]))
     assert err.value.retry_after_s == 6
@@ -381,7 +381,7 @@ async def test_a_deadline_that_cannot_be_met_is_rejected_without_computing(rt: G
     await rt.next_batch()
     queued = [asyncio.create_task(b.submit(make_request([f"q{i}"]))) for i in range(5)]
     await asyncio.sleep(0)
-    b._items_per_s = 10.0  # 5 items ahead: ~500 ms of work
+    b._drain.per_server_s = 10.0  # 5 items ahead: ~500 ms of work
     soon = time.perf_counter_ns() + 250_000_000  # well short of it, even after a long pause
     with pytest.raises(DeadlineExceeded, match="~500 ms of work is queued ahead"):
         await b.submit(prio_request("hurry", Priority.INTERACTIVE, soon))

@@ -276,15 +276,15 @@ def test_metrics_can_require_an_admin_key(tenants: TestClient) -> None:
 def test_a_priority_cannot_rise_above_the_tenants_ceiling(tenants: TestClient) -> None:
     from sokuji.core.request import Priority
 
-    batcher = tenants.app.inference.repo.models["synth"].batcher  # type: ignore[attr-defined]
+    served = tenants.app.inference.repo.models["synth"].served  # type: ignore[attr-defined]
     seen: list[Priority] = []
-    submit = batcher.submit
+    submit = served.submit
 
-    async def spy(request: object) -> object:
-        seen.append(request.priority)  # type: ignore[attr-defined]
-        return await submit(request)
+    def spy(prepared: object, ctx: object) -> object:
+        seen.append(ctx.priority)  # type: ignore[attr-defined]
+        return submit(prepared, ctx)
 
-    batcher.submit = spy
+    served.submit = spy
     asks: list[tuple[dict[str, str], dict[str, object], Priority]] = [
         (CAPD_H | {"x-sokuji-priority": "interactive"}, {}, Priority.BATCH),  # clamped
         (CAPD_H, {"priority": 1}, Priority.BATCH),                            # clamped

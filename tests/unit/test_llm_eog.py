@@ -71,7 +71,7 @@ def generate(**params: object) -> tuple[str, Finish, int]:
         assert not eng._active
         events: list[Delta | Finish] = []
         while not events or not isinstance(events[-1], Finish):
-            events += loop.run_until_complete(req.events())
+            events += loop.run_until_complete(req.next_events())
     finally:
         loop.close()
     text = "".join(e.text for e in events if isinstance(e, Delta))

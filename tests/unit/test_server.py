@@ -253,7 +253,7 @@ def test_an_unexpected_bug_is_a_logged_json_500_not_a_crash(caplog: pytest.LogCa
         def broken(texts: list[str]) -> None:
             raise ValueError("bug")
 
-        model.runtime.preprocess = broken
+        model.served.runtime.preprocess = broken
         r = client.post(INFER, json=v2_body(["a"]))
         assert r.status_code == 500
         assert r.json() == {"error": "internal error: ValueError", "code": "internal_error"}
