@@ -37,7 +37,7 @@ from typing import Any
 from sokuji.config import BatchPolicy, ModelConfig
 from sokuji.core import policy
 from sokuji.core.request import InferenceRequest, Prepared, Stage
-from sokuji.errors import DeadlineExceeded, RuntimeFailed, SokujiError
+from sokuji.errors import DeadlineExceeded, ModelNotReady, RuntimeFailed, SokujiError
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ class BatchInfo:
 class _Entry:
     """A queued request, and its caller's handle (``core.model.Submission``)."""
 
-    __slots__ = ("batcher", "dispatched_ns", "future", "request", "timer")
+    __slots__ = ("batcher", "dispatched_ns", "future", "released", "request", "timer")
 
     def __init__(self, batcher: DynamicBatcher, request: InferenceRequest,
                  future: asyncio.Future[Any]) -> None:
@@ -93,6 +93,7 @@ class _Entry:
         self.future = future
         self.timer: asyncio.TimerHandle | None = None
         self.dispatched_ns = 0
+        self.released = False
 
     async def result(self) -> Any:
         """The runtime's output for the request's items, in their order."""
@@ -102,18 +103,28 @@ class _Entry:
             self.cancel()
             raise
         finally:
-            self.batcher._admitted -= 1
-            if self.timer is not None:
-                self.timer.cancel()
+            self._release()
 
     async def events(self) -> AsyncIterator[Any]:
         yield await self.result()
 
     def cancel(self) -> None:
-        """Leave the queue if still in it (a batch already running finishes)."""
+        """Leave the queue if still in it, so ``result()`` raises ``CancelledError`` (a batch
+        already running finishes); either way the request stops counting as admitted."""
         queue_ = self.batcher._queue
         if self in queue_:
             queue_.remove(self)
+            if not self.future.done():
+                self.future.cancel()
+        self._release()
+
+    def _release(self) -> None:
+        """Once per request: it no longer counts toward ``max_concurrency``."""
+        if not self.released:
+            self.released = True
+            self.batcher._admitted -= 1
+            if self.timer is not None:
+                self.timer.cancel()
 
 
 class DynamicBatcher:
@@ -337,12 +348,30 @@ class DynamicBatcher:
     def _work(self) -> None:
         """Worker thread: run batches, post results back to the event loop. However it ends,
         it says so (``alive`` turns false: the model is no longer ready)."""
+        held: list[list[_Entry]] = []
         try:
-            self._work_until_stopped()
+            self._work_until_stopped(held)
         finally:
             self._exited.append(threading.current_thread().name)
+            loop = self._loop
+            if loop is not None:  # not a stop: the thread died, and nobody else would
+                with contextlib.suppress(RuntimeError):  # answer what it held or what waits
+                    loop.call_soon_threadsafe(self._fail_stranded, held[0] if held else [])
 
-    def _work_until_stopped(self) -> None:
+    def _fail_stranded(self, batch: list[_Entry]) -> None:
+        """A worker died: its batch in flight and the queue fail with 503 instead of
+        waiting for nobody."""
+        error = ModelNotReady(f"model '{self.name}': a worker thread died")
+        for entry in (*batch, *self._queue):
+            if not entry.future.done():
+                entry.future.set_exception(error)
+        self._queue.clear()
+        if batch:
+            self._busy -= 1
+            if self._busy == 0:
+                self._idle.set()
+
+    def _work_until_stopped(self, held: list[list[_Entry]]) -> None:
         if self.config.worker_nice and hasattr(os, "setpriority"):
             # The event loop needs little CPU but gates every reply and every refusal: when
             # both want the core, it goes first. The worker still gets every idle moment.
@@ -350,6 +379,7 @@ class DynamicBatcher:
                 os.setpriority(os.PRIO_PROCESS, threading.get_native_id(),
                                os.getpriority(os.PRIO_PROCESS, 0) + self.config.worker_nice)
         while (batch := self._jobs.get()) is not None:
+            held[:] = [batch]
             loop = batch[0].future.get_loop()
             try:
                 outputs: list[Any] | None = self._run_batch([e.request.payload for e in batch])
@@ -361,6 +391,7 @@ class DynamicBatcher:
                 loop.call_soon_threadsafe(self._complete, batch, outputs, error, done_ns)
             except RuntimeError:  # the loop closed under us: nobody is waiting any more
                 return
+            held.clear()
 
     def _complete(self, batch: list[_Entry], outputs: list[Any] | None,
                   error: BaseException | None, done_ns: int) -> None:

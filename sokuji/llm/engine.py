@@ -108,6 +108,7 @@ class GenerationEngine:
         self._free = list(range(model.shape.slots))
         self._thread: threading.Thread | None = None
         self._stopping = False
+        self._closed = False
         self.steps = 0
         """llama_decode calls; ``rows`` counts the sequences sampled in them."""
         self.rows = 0
@@ -127,7 +128,7 @@ class GenerationEngine:
     # -- event-loop side ------------------------------------------------------------------
     @property
     def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return self._thread is not None and self._thread.is_alive() and not self._closed
 
     @property
     def num_waiting(self) -> int:
@@ -158,6 +159,9 @@ class GenerationEngine:
                                   saturated=len(self._active) >= self._slots)
         req.timing.submitted_ns = now
         with self._cond:
+            if self._closed:  # the thread failed everyone and is ending: nobody would read it
+                raise ModelNotReady(f"model '{self.name}': its generation engine is not "
+                                    "running")
             self._intake.append(req)
             self._cond.notify()
 
@@ -165,6 +169,7 @@ class GenerationEngine:
         if self.running:
             return
         self._stopping = False
+        self._closed = False
         self._thread = threading.Thread(target=self._run, name=f"sokuji-llm-{self.name}",
                                         daemon=True)
         self._thread.start()
@@ -214,7 +219,10 @@ class GenerationEngine:
         self._fail_all(ModelNotReady(f"model '{self.name}': the server is shutting down"))
 
     def _fail_all(self, error: SokujiError) -> None:
+        """The thread is ending: fail everything queued or running; no submission is
+        accepted after this (``_closed``, under the same lock as the intake)."""
         with self._cond:
+            self._closed = True
             waiting = self._waiting + self._intake
             self._waiting, self._intake = [], []
         for req in waiting:

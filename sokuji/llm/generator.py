@@ -35,9 +35,16 @@ class PreparedGeneration:
     params: SamplingParams
 
 
+MESSAGE_MARKUP_CHARS = 64
+"""What the chat template adds around each message, at most (role markers, separators):
+many empty messages are as much work to template as one long one."""
+
+
 def _size(inputs: GenerationInput) -> int:
+    """The characters templating and tokenising will read, from above."""
     if inputs.messages is not None:
-        return sum(len(m.get("content") or "") for m in inputs.messages)
+        return sum(len(m.get("content") or "") + MESSAGE_MARKUP_CHARS
+                   for m in inputs.messages)
     return len(inputs.prompt) if inputs.prompt is not None else 0
 
 

@@ -216,7 +216,8 @@ class ModelRepository:
 
     @property
     def ready(self) -> bool:
-        return bool(self.models) and all(m.ready for m in self.models.values())
+        """Every model and every variant it serves as a version is ready."""
+        return bool(self.models) and all(m.ready for m in self.every())
 
 
 def _batched(mc: ModelConfig, runtime: Runtime,

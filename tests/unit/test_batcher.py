@@ -13,7 +13,7 @@ import pytest
 from sokuji.config import BatchPolicy
 from sokuji.core.batcher import BatcherConfig, BatchInfo, DynamicBatcher
 from sokuji.core.request import STAGES, InferenceRequest, Priority, Stage, Timeline
-from sokuji.errors import DeadlineExceeded, Overloaded, RuntimeFailed
+from sokuji.errors import DeadlineExceeded, ModelNotReady, Overloaded, RuntimeFailed
 from sokuji.runtimes.base import Prepared
 
 WAIT_S = 10  # a safety net against hangs; no test relies on it elapsing
@@ -414,3 +414,44 @@ async def test_a_queued_request_fails_at_its_deadline_and_never_runs(rt: GatedRu
     rt.open(1)
     await asyncio.gather(first, kept)
     await b.stop()
+
+
+async def test_a_handle_cancelled_while_queued_ends_and_frees_its_admission(
+        rt: GatedRuntime) -> None:
+    b, _ = await start(rt, max_concurrency=2)
+    first = asyncio.create_task(b.submit(make_request(["busy"])))
+    await rt.next_batch()
+    handle = b.enqueue(make_request(["gone"]))
+    assert b.num_admitted == 2
+    handle.cancel()  # the caller went away without awaiting
+    assert b.num_waiting == 0 and b.num_admitted == 1
+    with pytest.raises(asyncio.CancelledError):
+        await handle.result()  # a cancelled handle never hangs
+    assert b.num_admitted == 1  # released once, not twice
+    rt.open(0)
+    await first
+    assert b.num_admitted == 0
+    await b.stop()
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+async def test_a_worker_that_dies_mid_batch_fails_its_batch_and_the_queue(
+        rt: GatedRuntime) -> None:
+    class Died(BaseException):
+        """Escapes the worker's error handling, as a thread-killing failure would."""
+
+    def run_batch(batch: Sequence[Prepared]) -> list[np.ndarray]:
+        rt.run_batch(batch)
+        raise Died
+
+    b = DynamicBatcher("m", run_batch, BatcherConfig())
+    b.start()
+    running = asyncio.create_task(b.submit(make_request(["running"])))
+    await rt.next_batch()
+    queued = asyncio.create_task(b.submit(make_request(["queued"])))
+    await asyncio.sleep(0)
+    rt.open(0)
+    for task in (running, queued):
+        with pytest.raises(ModelNotReady):
+            await asyncio.wait_for(task, WAIT_S)
+    assert not b.alive

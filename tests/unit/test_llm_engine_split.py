@@ -84,3 +84,23 @@ def test_split_can_be_turned_off() -> None:
     eng._learn(1, 0.010)
     eng._learn(2, 0.030)
     assert not any(eng._split_is_cheaper(2) for _ in range(8))
+
+
+async def test_no_submission_is_taken_once_the_engine_failed_everyone() -> None:
+    from sokuji.errors import ModelNotReady
+
+    eng, _ = engine()
+    eng.start()
+    try:
+        eng._fail_all(ModelNotReady("dying"))  # the engine thread's last act before it ends
+        assert not eng.alive
+        req = GenerationRequest("m", [1, 2], SamplingParams(max_tokens=2, temperature=0),
+                                asyncio.get_running_loop(), arrival_ns=0)
+        try:
+            eng.submit(req)
+        except ModelNotReady:
+            pass
+        else:
+            raise AssertionError("a submission after _fail_all would wait for nobody")
+    finally:
+        await eng.stop()

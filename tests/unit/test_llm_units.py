@@ -378,3 +378,17 @@ def test_a_tokenisation_that_outlives_the_wait_leaves_the_model_allocated(
         model.release.set()
         assert tokenised.result(timeout=30) == [1]
     assert model.events == ["tokenised"]
+
+
+def test_many_empty_messages_are_prepared_off_the_loop() -> None:
+    from sokuji.core.model import GenerationInput
+    from sokuji.llm.generator import INLINE_MAX_CHARS, _size
+
+    def chat(messages: list[dict[str, str]]) -> GenerationInput:
+        return GenerationInput(chat=True, messages=messages, prompt=None, max_tokens=None,
+                               max_tokens_field="max_tokens", min_tokens=0, ignore_eos=False,
+                               temperature=1.0, top_p=1.0, stop=(), seed=None)
+
+    # Templating 200 empty messages is as much work as one long one: not inline.
+    assert _size(chat([{"role": "user", "content": ""}] * 200)) > INLINE_MAX_CHARS
+    assert _size(chat([{"role": "user", "content": "Hi"}])) <= INLINE_MAX_CHARS
