@@ -188,8 +188,9 @@ class DynamicBatcher:
     def check_capacity(self) -> None:
         """Raise ``Overloaded`` if a request arriving now would be refused: callable before
         the request is even read, so a refusal costs next to nothing."""
-        self._admission.check(len(self._queue), self._admitted, self.queued_items,
-                              self._drain.per_s)
+        adm, waiting = self._admission, len(self._queue)
+        if adm.refuses(waiting, self._admitted):  # else nothing more to compute
+            adm.check(waiting, self._admitted, self.queued_items, self._drain.per_s)
 
     def _admit(self, request: InferenceRequest, now_ns: int) -> None:
         self.check_capacity()

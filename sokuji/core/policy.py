@@ -83,6 +83,11 @@ class Admission:
         self.max_concurrency = max_concurrency
         self.what = what
 
+    def refuses(self, num_waiting: int, num_admitted: int) -> bool:
+        """Whether ``check`` would raise (the accepted case costs two comparisons)."""
+        return num_waiting >= self.max_queue_depth or bool(
+            self.max_concurrency and num_admitted >= self.max_concurrency)
+
     def check(self, num_waiting: int, num_admitted: int, queued_work: Callable[[], float],
               rate_per_s: float) -> None:
         """``queued_work`` is called only to word a refusal (the common case pays nothing

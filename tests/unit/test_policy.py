@@ -293,3 +293,16 @@ async def test_a_bug_in_the_engine_fails_its_requests_and_the_engine_is_no_longe
     with pytest.raises(ModelNotReady):
         eng.submit(gen_request(loop))
     await eng.stop()
+
+
+@pytest.mark.parametrize(("waiting", "admitted", "depth", "concurrency"), [
+    (0, 0, 4, 0), (3, 9, 4, 0), (4, 4, 4, 0), (1, 2, 4, 2), (1, 1, 4, 2), (0, 5, 1, 0)])
+def test_the_fast_admission_test_agrees_with_the_check(waiting: int, admitted: int,
+                                                       depth: int, concurrency: int) -> None:
+    adm = policy.Admission("m", depth, concurrency)
+    try:
+        adm.check(waiting, admitted, lambda: 0.0, 0.0)
+        refused = False
+    except Overloaded:
+        refused = True
+    assert adm.refuses(waiting, admitted) is refused
