@@ -84,6 +84,7 @@ def main() -> None:
     for name, tree in trees.items():
         if not (tree / "sokuji" / "__init__.py").is_file():
             ap.error(f"--{name} {tree} is not a Sokuji source tree")
+    args.out = args.out.resolve()  # the benchmarks run with each tree as their cwd
     work = args.out.parent / "before_after"
     work.mkdir(parents=True, exist_ok=True)
     benches: list[tuple[str, str, list[str], dict[str, tuple[Figure, str]]]] = []
