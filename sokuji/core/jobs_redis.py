@@ -26,7 +26,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from sokuji.core.jobs import (
+from sokuji.core.job import (
     CALLBACK_PENDING,
     DEFAULT_LEASE_S,
     DEFAULT_RESULT_TTL_S,

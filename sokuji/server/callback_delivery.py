@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from sokuji.config import ServerConfig
-from sokuji.core.jobs import CALLBACK_PENDING, Job, JobStoreProtocol
+from sokuji.core.job import CALLBACK_PENDING, Job, JobStoreProtocol
 from sokuji.errors import ConfigError, Overloaded, StoreUnavailable
 from sokuji.server.callbacks import Allowlist, CallbackPolicy, CallbackRefused, Target
 

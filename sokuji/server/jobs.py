@@ -47,7 +47,7 @@ from typing import Any, TypeVar
 from starlette.types import Receive
 
 from sokuji.config import ServerConfig
-from sokuji.core.jobs import Job, JobStatus, JobStoreProtocol, QuotaHit
+from sokuji.core.job import Job, JobStatus, JobStoreProtocol, QuotaHit
 from sokuji.errors import (
     Forbidden,
     NotFound,
