@@ -7,7 +7,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 
 REDIS_PORT ?= 6399
-.PHONY: serve test install lint typecheck redis bench bench-llm bench-variants clean
+.PHONY: serve test install lint typecheck redis bench bench-llm bench-variants bench-all llama-server clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -43,8 +43,17 @@ test: lint typecheck redis
 bench: install
 	$(BIN)/python benchmarks/serving_overhead.py
 
-bench-llm: install
+# llama.cpp's own C++ server (the LLM peer) from the same sources as llama-cpp-python (~4-13 min
+# once, into $$SOKUJI_TOOLS_DIR, default .cache/tools).
+llama-server: install
+	benchmarks/build_llama_server.sh
+
+bench-llm: llama-server
 	$(BIN)/python benchmarks/llm_serving.py
+
+# Every headline figure, one after the other, with the machine's probe (~40 min).
+bench-all: llama-server
+	$(BIN)/python benchmarks/run_all.py
 
 bench-variants: install
 	$(BIN)/python benchmarks/variants_serving.py

@@ -42,19 +42,12 @@ OVERHEAD: dict[str, tuple[Figure, str]] = {
 }
 
 
-def _top(r: dict[str, Any]) -> dict[str, Any]:
-    return r["load"][str(max(r["args"]["streams"]))]
-
-
 LLM: dict[str, tuple[Figure, str]] = {
-    "idle TTFT / direct": (lambda r: r["idle"]["sokuji"]["ttft_p50_ms"]
-                           / r["idle"]["direct"]["ttft_p50_ms"], "lower"),
-    "tokens/s / llama_cpp.server, most streams": (
-        lambda r: _top(r)["sokuji"]["tokens_per_s"] / _top(r)["llama_cpp.server"]["tokens_per_s"],
-        "higher"),
-    "TTFT p99 / llama_cpp.server, most streams": (
-        lambda r: _top(r)["sokuji"]["ttft_p99_ms"] / _top(r)["llama_cpp.server"]["ttft_p99_ms"],
-        "lower"),
+    "idle TTFT / direct": (lambda r: r["ratios"]["idle_ttft_p50_vs_direct"], "lower"),
+    "tokens/s / llama-server, most streams": (
+        lambda r: r["ratios"]["tokens_per_s_at_max_streams"], "higher"),
+    "TTFT p99 / llama-server, most streams": (
+        lambda r: r["ratios"]["ttft_p99_at_max_streams"], "lower"),
     "prefix-cache TTFT ratio": (lambda r: r["prefix"]["ratio"], "lower"),
 }
 

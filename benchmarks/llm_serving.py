@@ -1,189 +1,123 @@
-"""LLM serving, side by side: Sokuji against llama-cpp-python's own OpenAI server
-(``llama_cpp.server``) and against llama.cpp called directly in-process (the floor).
+"""LLM serving, side by side: Sokuji against llama.cpp's own C++ server (``llama-server``,
+continuous batching; the main peer) and against llama.cpp called directly in-process (the
+floor); optionally also llama-cpp-python's server (``llama_cpp.server``, one sequence at a time).
 
-    .venv/bin/python benchmarks/llm_serving.py [--gguf q8_0|shipped]     (~5 minutes)
+    benchmarks/build_llama_server.sh                  (once, 4-13 min on 2 cores)
+    .venv/bin/python benchmarks/llm_serving.py        (~7 minutes; --quick: ~2, for development)
 
-Same GGUF for all three (by default smollm2's Q4_1 as shipped; ``--gguf q8_0`` for its
-Q8_0 requantization, which Sokuji offers as an option), same llama.cpp threads (--threads, 1),
-flash attention on for all three, greedy decoding. Servers and the direct process on core 1;
-this load generator on core 0. Streams over SSE (/v1/completions); a token is a non-empty
-chunk, counted the same way for both servers.
+Same for every contestant: the GGUF (smollm2's Q4_1 as shipped; ``--gguf q8_0`` for its Q8_0
+requantization), llama.cpp threads (``--threads``, 1: ``-t 1 -tb 1``), 8 slots of 2,048 cells
+with one KV stream each, flash attention on, greedy decoding. Servers and the direct process
+run on core 1 (``--server-core``), this load generator on core 0. llama-server is built from
+the same llama.cpp sources as Sokuji's llama-cpp-python (build_llama_server.sh), run with
+``-np 8 -cb -c 16384 -fa on --no-webui``. Streams over SSE (/v1/completions) with
+``ignore_eos`` (every request does the same ``--max-tokens`` of work on both servers) and
+``stream_options.include_usage``: tokens are the usage's completion tokens (non-empty chunks
+where a server gives no usage), TTFT the first non-empty chunk, ITL the gaps between chunks.
 
-1. Idle TTFT: one request at a time, contestants interleaved request by request; each prompt
-   (~70 tokens) starts with a fresh number, so no prefix cache can help anyone.
-2. Load: closed loops of 1, 2, 4, 8 concurrent streams, each stream --rounds chat turns
-   (shared system prompt, a different question each) of --max-tokens tokens; Sokuji and
-   llama_cpp.server alternate, twice per level. Aggregate
-   output tokens/s, TTFT p50/p99 under load, inter-token latency p50/p99.
+1. Idle TTFT: one request at a time, contestants in a rotating order prompt by prompt; each
+   prompt (~70 tokens) starts with a fresh number, so no prefix cache helps anyone.
+2. Load (``_llm_load.py``): closed loops of 1, 4, 8 concurrent streams, each stream
+   ``--turns`` chat turns (shared system prompt, a different question each). The first turn's
+   length ramps with the stream's index so the streams fall out of step; later turns spread
+   +-``--spread`` around ``--max-tokens`` (with equal lengths, ignore_eos keeps every stream
+   in lockstep: all arrive at once, every turn). Contestants alternate run by run, ``--rounds``
+   runs each per level, the same prompts and lengths for each in a round. Pooled over all
+   runs: aggregate output tokens/s; TTFT p50 / p99 / max of the later turns (the first turn's
+   all-at-once arrivals are the run's start, reported apart); ITL p50 / p99.
 3. Prefix cache (Sokuji): TTFT with a shared ~500-token system prompt already cached, against
    the same length of prompt that starts fresh every time, alternated.
 
-Targets (issue 5): tokens/s at 8 streams >= 2x llama_cpp.server; idle TTFT <= 1.1x direct;
-cached-prefix TTFT <= 0.2x uncached. Writes JSON (and a PNG plot with --plot).
+Targets (issue 12), Sokuji / llama-server: at 8 streams tokens/s >= 1.0, TTFT p99 <= 0.5;
+idle TTFT p50 <= 1.05. (Issue 5: idle TTFT <= 1.1x direct; cached prefix <= 0.2x uncached.)
+Figures depend on the CPU and what else runs on it: compare ratios from one run. Writes JSON.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import itertools
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-import orjson
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from _harness import Server, free_port, percentile  # noqa: E402
+from _llama_cpp_tools import LlamaServer, find_tool, tool_version  # noqa: E402
+from _llm_direct import Direct  # noqa: E402
+from _llm_load import SYSTEM, TOPICS, Contestant, itls, one_run, session_, summarize  # noqa: E402
 
 from sokuji.llm import native  # noqa: E402
 
-TOPICS = ["a lighthouse keeper", "a lost robot", "a mountain village", "a clockmaker",
-          "a river journey", "a dragon who cannot fly", "a city under the sea",
-          "an old library", "a desert caravan", "a winter festival", "a tiny astronaut",
-          "a talking cat"]
-SYSTEM = ("You are a creative writing assistant. You write vivid, detailed stories with "
-          "named characters, dialogue and a clear beginning, middle and end.")
 FILLER = ("The bakery opens at seven, sells sourdough, rye and croissants, takes orders by "
           "phone, and closes on Mondays. ")
+SK, LS, LC = "sokuji", "llama-server", "llama_cpp.server"
 
 
 def prompt(nonce: int, topic: str, system: str = SYSTEM) -> str:
     """A fresh prompt: it starts with the number's digits reversed, so consecutive prompts
-    differ from their first token and no cache can reuse any of it (llama_cpp.server and the
-    direct ``Llama`` reuse whatever prefix the previous prompt shares; Sokuji's prefix
-    cache, 16 tokens or more from any earlier prompt)."""
+    differ from their first token and no cache can reuse any of it."""
     return (f"{str(nonce)[::-1]} <|im_start|>system\n{system}<|im_end|>\n"
             f"<|im_start|>user\nWrite a long story about {topic}.<|im_end|>\n"
             "<|im_start|>assistant\n")
 
 
-def chat_prompt(nonce: int, topic: str) -> str:
-    """A chat turn: the system prompt is shared, the question differs (both servers may reuse
-    the shared part: Sokuji's prefix cache, llama_cpp.server its previous prompt)."""
-    return (f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\n"
-            f"Write a long story about {topic} (story {nonce}).<|im_end|>\n"
-            "<|im_start|>assistant\n")
-
-
-class Contestant:
-    """An OpenAI-compatible server, streamed over aiohttp."""
-
-    def __init__(self, name: str, port: int, model: str) -> None:
-        self.name, self.url, self.model = name, f"http://127.0.0.1:{port}/v1/completions", model
-
-    async def stream(self, session: aiohttp.ClientSession, text: str, max_tokens: int
-                     ) -> list[float]:
-        body = {"model": self.model, "prompt": text, "max_tokens": max_tokens,
-                "temperature": 0.0, "stream": True}
-        t0 = time.perf_counter()
-        times: list[float] = []
-        async with session.post(self.url, json=body) as r:
-            assert r.status == 200, f"{self.name}: {r.status} {await r.text()}"
-            async for raw in r.content:
-                line = raw.strip()
-                if not line.startswith(b"data: ") or line == b"data: [DONE]":
-                    continue
-                choices = orjson.loads(line[6:]).get("choices") or [{}]
-                if choices[0].get("text"):
-                    times.append(time.perf_counter() - t0)
-        return times
-
-
-class Direct:
-    """llama.cpp in its own process on the server core (benchmarks/_llm_direct.py)."""
-
-    name = "direct"
-
-    def __init__(self, args: argparse.Namespace, gguf: Path) -> None:
-        self.proc = subprocess.Popen(
-            ["taskset", "-c", str(args.server_core), sys.executable,
-             str(ROOT / "benchmarks" / "_llm_direct.py"), str(gguf), str(args.threads), "2048"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        assert self.proc.stdout is not None
-        json.loads(self.proc.stdout.readline())
-
-    def run(self, text: str, max_tokens: int) -> list[float]:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write(json.dumps({"prompt": text, "max_tokens": max_tokens}) + "\n")
-        self.proc.stdin.flush()
-        return list(json.loads(self.proc.stdout.readline())["times"])
-
-    def close(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(10)
-
-
-def itls(times: list[float]) -> list[float]:
-    return [b - a for a, b in itertools.pairwise(times)]
-
-
 async def idle_ttft(args: argparse.Namespace, servers: list[Contestant], direct: Direct
                     ) -> dict[str, Any]:
-    ttft: dict[str, list[float]] = {c.name: [] for c in [*servers, direct]}
-    itl: dict[str, list[float]] = {c.name: [] for c in [*servers, direct]}
-    async with aiohttp.ClientSession() as session:
+    names = [c.name for c in servers] + ["direct"]
+    ttft: dict[str, list[float]] = {n: [] for n in names}
+    itl: dict[str, list[float]] = {n: [] for n in names}
+    async with session_() as session:
         for i in range(args.idle_samples):
             text = prompt(10_000 + i, TOPICS[i % len(TOPICS)])
-            for c in (servers if i % 2 else servers[::-1]):
-                t = await c.stream(session, text, args.idle_tokens)
+            k = i % len(servers)  # rotate who goes first
+            for c in servers[k:] + servers[:k]:
+                t, _ = await c.stream(session, text, args.idle_tokens)
                 ttft[c.name].append(t[0])
                 itl[c.name].extend(itls(t))
             t = await asyncio.to_thread(direct.run, text, args.idle_tokens)
             ttft["direct"].append(t[0])
             itl["direct"].extend(itls(t))
-    return {name: {"ttft_ms": [x * 1e3 for x in ttft[name]],
-                   "ttft_p50_ms": statistics.median(ttft[name]) * 1e3,
-                   "ttft_p99_ms": percentile(ttft[name], 99) * 1e3,
-                   "itl_p50_ms": statistics.median(itl[name]) * 1e3} for name in ttft}
+    out: dict[str, Any] = {n: {"ttft_ms": [x * 1e3 for x in ttft[n]],
+                               "ttft_p50_ms": statistics.median(ttft[n]) * 1e3,
+                               "ttft_mean_ms": statistics.fmean(ttft[n]) * 1e3,
+                               "ttft_p99_ms": percentile(ttft[n], 99) * 1e3,
+                               "itl_p50_ms": statistics.median(itl[n]) * 1e3} for n in names}
+    for other in names[1:]:  # the same prompt back to back: its own length cancels out
+        out[f"paired_ratio_{SK}_{other}"] = statistics.median(
+            a / b for a, b in zip(ttft[SK], ttft[other], strict=True))
+    return out
 
 
-async def load(c: Contestant, streams: int, rounds: int, max_tokens: int, base: int
-               ) -> dict[str, Any]:
-    results: list[list[float]] = []
-    async with aiohttp.ClientSession() as session:
-        async def worker(w: int) -> None:
-            for r in range(rounds):
-                n = base + w * rounds + r
-                results.append(await c.stream(session, chat_prompt(n, TOPICS[n % len(TOPICS)]),
-                                               max_tokens))
-        t0 = time.perf_counter()
-        await asyncio.gather(*(worker(w) for w in range(streams)))
-        wall = time.perf_counter() - t0
-    tokens = sum(len(t) for t in results)
-    return {"tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall,
-            "ttft_ms": [t[0] * 1e3 for t in results if t],
-            "itl_ms": [x * 1e3 for t in results for x in itls(t)]}
-
-
-def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    ttft = [x for r in runs for x in r["ttft_ms"]]
-    itl = [x for r in runs for x in r["itl_ms"]]
-    tokens, wall = sum(r["tokens"] for r in runs), sum(r["wall_s"] for r in runs)
-    return {"tokens_per_s": tokens / wall, "runs_tokens_per_s": [r["tokens_per_s"] for r in runs],
-            "ttft_p50_ms": statistics.median(ttft), "ttft_p99_ms": percentile(ttft, 99),
-            "itl_p50_ms": statistics.median(itl), "itl_p99_ms": percentile(itl, 99),
-            "tokens": tokens}
+async def load_level(args: argparse.Namespace, contestants: list[Contestant], n: int
+                     ) -> dict[str, Any]:
+    runs: dict[str, list[dict[str, Any]]] = {c.name: [] for c in contestants}
+    for r in range(args.rounds):
+        order = contestants if r % 2 == 0 else contestants[::-1]
+        for c in order:  # the same prompts for everyone in a round
+            runs[c.name].append(await one_run(args, c, n, base=1_000_000 * n + 1000 * r))
+    out: dict[str, Any] = {name: summarize(rs) for name, rs in runs.items()}
+    out["paired_tokens_per_s_ratios"] = [a["tokens_per_s"] / b["tokens_per_s"]
+                                         for a, b in zip(runs[SK], runs[LS], strict=True)]
+    return out
 
 
 async def prefix(args: argparse.Namespace, sokuji: Contestant) -> dict[str, Any]:
     shared = FILLER * 22  # ~500 tokens
     cached, fresh = [], []
-    async with aiohttp.ClientSession() as session:
+    async with session_() as session:
         await sokuji.stream(session, prompt(0, "a bakery", shared), 1)  # fills the cache
         for i in range(args.prefix_samples):
             topic = TOPICS[i % len(TOPICS)]
             fresh.append((await sokuji.stream(session, prompt(50_000 + i, topic, shared),
-                                              1))[0])
+                                              1))[0][0])
             text = prompt(0, topic, shared).replace("Write a long", f"Write ({i}) a long")
-            cached.append((await sokuji.stream(session, text, 1))[0])
+            cached.append((await sokuji.stream(session, text, 1))[0][0])
     return {"uncached_ttft_ms": [x * 1e3 for x in fresh],
             "cached_ttft_ms": [x * 1e3 for x in cached],
             "uncached_p50_ms": statistics.median(fresh) * 1e3,
@@ -199,15 +133,13 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     levels = result["args"]["streams"]
-    for name in ("sokuji", "llama_cpp.server"):
+    for name in result["contestants"]:
         a.plot(levels, [result["load"][str(n)][name]["tokens_per_s"] for n in levels],
                marker="o", label=name)
-        b.plot(levels, [result["load"][str(n)][name]["ttft_p50_ms"] for n in levels],
+        b.plot(levels, [result["load"][str(n)][name]["ttft_p99_ms"] for n in levels],
                marker="o", label=name)
-    a.axhline(1e3 / result["idle"]["direct"]["itl_p50_ms"], ls="--", c="grey",
-              label="direct, 1 stream, decode only")
     a.set(xlabel="concurrent streams", ylabel="output tokens/s", title="Aggregate throughput")
-    b.set(xlabel="concurrent streams", ylabel="ms", yscale="log", title="TTFT p50 under load")
+    b.set(xlabel="concurrent streams", ylabel="ms", yscale="log", title="TTFT p99 under load")
     for ax in (a, b):
         ax.legend()
         ax.grid(alpha=0.3)
@@ -215,77 +147,113 @@ def plot(result: dict[str, Any], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-async def run(args: argparse.Namespace, sk: Contestant, lc: Contestant, direct: Direct
+async def run(args: argparse.Namespace, contestants: list[Contestant], direct: Direct
               ) -> dict[str, Any]:
-    async with aiohttp.ClientSession() as session:  # warm both (first-request costs)
-        for c in (sk, lc):
+    async with session_() as session:  # warm all (first-request costs)
+        for c in contestants:
             await c.stream(session, prompt(1, "warmup"), 8)
     await asyncio.to_thread(direct.run, prompt(1, "warmup"), 8)
-    print("idle TTFT ...", flush=True)
-    idle = await idle_ttft(args, [sk, lc], direct)
-    result: dict[str, Any] = {"idle": idle, "load": {}}
+    print(f"idle TTFT: {args.idle_samples} prompts each ...", flush=True)
+    result: dict[str, Any] = {"idle": await idle_ttft(args, contestants, direct), "load": {}}
     for n in args.streams:
-        print(f"load: {n} streams ...", flush=True)
-        runs: dict[str, list[dict[str, Any]]] = {sk.name: [], lc.name: []}
-        for rep in range(2):
-            for c in ((sk, lc) if rep == 0 else (lc, sk)):
-                runs[c.name].append(await load(c, n, args.rounds, args.max_tokens,
-                                               base=100_000 * n + 1000 * rep))
-        result["load"][str(n)] = {name: summarize(r) for name, r in runs.items()}
-    print("prefix cache ...", flush=True)
-    result["prefix"] = await prefix(args, sk)
+        print(f"load: {n} streams x {args.turns} turns, {args.rounds} runs each ...",
+              flush=True)
+        result["load"][str(n)] = await load_level(args, contestants, n)
+    if args.prefix_samples:
+        print("prefix cache ...", flush=True)
+        result["prefix"] = await prefix(args, contestants[0])
     return result
 
 
-def report(result: dict[str, Any], args: argparse.Namespace) -> None:
+def ratios(result: dict[str, Any], args: argparse.Namespace) -> dict[str, float]:
+    top = result["load"][str(max(args.streams))]
     idle = result["idle"]
-    print(f"\nidle TTFT p50 / p99 (ms), {args.idle_samples} prompts of ~70 tokens:")
-    for name, r in idle.items():
-        print(f"  {name:18s} {r['ttft_p50_ms']:8.1f} / {r['ttft_p99_ms']:8.1f}   "
-              f"ITL p50 {r['itl_p50_ms']:.1f} ms")
-    ratio = idle["sokuji"]["ttft_p50_ms"] / idle["direct"]["ttft_p50_ms"]
-    print(f"  sokuji / direct: {ratio:.3f}  (target <= 1.1)")
-    print("\nstreams | tokens/s sokuji  llama_cpp.server  ratio | TTFT p50/p99 ms sokuji    "
-          "llama_cpp.server | ITL p50/p99 ms sokuji  llama_cpp.server")
+    return {"tokens_per_s_at_max_streams": top[SK]["tokens_per_s"] / top[LS]["tokens_per_s"],
+            "ttft_p99_at_max_streams": top[SK]["ttft_p99_ms"] / top[LS]["ttft_p99_ms"],
+            "idle_ttft_p50": idle[SK]["ttft_p50_ms"] / idle[LS]["ttft_p50_ms"],
+            "idle_ttft_paired": idle[f"paired_ratio_{SK}_{LS}"],
+            "idle_ttft_p50_vs_direct": idle[SK]["ttft_p50_ms"] / idle["direct"]["ttft_p50_ms"]}
+
+
+def report(result: dict[str, Any], args: argparse.Namespace) -> None:
+    idle, names = result["idle"], result["contestants"]
+    print(f"\nidle TTFT, {args.idle_samples} prompts of ~70 tokens each (ms):")
+    for name in [*names, "direct"]:
+        r = idle[name]
+        print(f"  {name:17s} p50 {r['ttft_p50_ms']:7.1f}  mean {r['ttft_mean_ms']:7.1f}  "
+              f"p99 {r['ttft_p99_ms']:7.1f}  ITL p50 {r['itl_p50_ms']:.1f}")
+    print(f"\n{'streams':>7} {'contestant':17s} {'tok/s':>7} {'TTFT p50':>9} {'p99':>7} "
+          f"{'max':>7} {'ITL p50':>8} {'p99':>6} {'n':>4} | start of run: TTFT p50 / max")
     for n in args.streams:
-        s, l_ = result["load"][str(n)]["sokuji"], result["load"][str(n)]["llama_cpp.server"]
-        print(f"{n:7d} | {s['tokens_per_s']:15.1f} {l_['tokens_per_s']:17.1f} "
-              f"{s['tokens_per_s'] / l_['tokens_per_s']:6.2f} | {s['ttft_p50_ms']:7.0f}/"
-              f"{s['ttft_p99_ms']:<7.0f} {l_['ttft_p50_ms']:8.0f}/{l_['ttft_p99_ms']:<8.0f} | "
-              f"{s['itl_p50_ms']:6.1f}/{s['itl_p99_ms']:<6.1f} {l_['itl_p50_ms']:8.1f}/"
-              f"{l_['itl_p99_ms']:<6.1f}")
-    top = str(max(args.streams))
-    r8 = result["load"][top]
-    print(f"tokens/s at {top} streams, sokuji / llama_cpp.server: "
-          f"{r8['sokuji']['tokens_per_s'] / r8['llama_cpp.server']['tokens_per_s']:.2f} "
-          "(target >= 2)")
-    p = result["prefix"]
-    print(f"\nprefix cache: TTFT p50 cached {p['cached_p50_ms']:.1f} ms, uncached "
-          f"{p['uncached_p50_ms']:.1f} ms: ratio {p['ratio']:.3f} (target <= 0.2)")
+        level = result["load"][str(n)]
+        for name in names:
+            r = level[name]
+            print(f"{n:7d} {name:17s} {r['tokens_per_s']:7.1f} {r['ttft_p50_ms']:9.0f} "
+                  f"{r['ttft_p99_ms']:7.0f} {r['ttft_max_ms']:7.0f} {r['itl_p50_ms']:8.1f} "
+                  f"{r['itl_p99_ms']:6.1f} {len(r['ttft_ms']):4d} | "
+                  f"{r['ttft_start_p50_ms']:.0f} / {r['ttft_start_max_ms']:.0f}")
+        pr = level["paired_tokens_per_s_ratios"]
+        print(f"{'':7s} {'ratio':17s} {level[SK]['tokens_per_s'] / level[LS]['tokens_per_s']:7.2f}"
+              f" {level[SK]['ttft_p50_ms'] / level[LS]['ttft_p50_ms']:9.2f} "
+              f"{level[SK]['ttft_p99_ms'] / level[LS]['ttft_p99_ms']:7.2f}   "
+              f"(tok/s ratio run by run: {min(pr):.2f}-{max(pr):.2f})")
+    q = result["ratios"]
+    top = max(args.streams)
+    print(f"\nSokuji / llama-server: tokens/s at {top} streams "
+          f"{q['tokens_per_s_at_max_streams']:.3f} (target >= 1.0); TTFT p99 at {top} streams "
+          f"{q['ttft_p99_at_max_streams']:.3f} "
+          f"(target <= 0.5)\n  idle TTFT p50 {q['idle_ttft_p50']:.3f} (paired, prompt by "
+          f"prompt: {q['idle_ttft_paired']:.3f}; target <= 1.05); idle TTFT p50 / direct "
+          f"{q['idle_ttft_p50_vs_direct']:.3f} (target <= 1.1)")
+    if "prefix" in result:
+        p = result["prefix"]
+        print(f"prefix cache: TTFT p50 cached {p['cached_p50_ms']:.1f} ms, uncached "
+              f"{p['uncached_p50_ms']:.1f} ms: ratio {p['ratio']:.3f} (target <= 0.2)")
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gguf", choices=["shipped", "q8_0"], default="shipped")
+    ap.add_argument("--llama-server", help="the binary (default: built by "
+                    "build_llama_server.sh under $SOKUJI_TOOLS_DIR or .cache/tools)")
+    ap.add_argument("--with-llama-cpp-python", action="store_true",
+                    help="also run llama_cpp.server (one sequence at a time: slow under load)")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--streams", type=int, nargs="+", default=[1, 2, 4, 8])
-    ap.add_argument("--rounds", type=int, default=2, help="requests per stream per run")
+    ap.add_argument("--streams", type=int, nargs="+", default=[1, 4, 8])
+    ap.add_argument("--rounds", type=int, default=6, help="runs per contestant per level")
+    ap.add_argument("--turns", type=int, default=3, help="requests per stream per run (the "
+                    "first, ramped, starts the run: its TTFT is kept apart)")
+    ap.add_argument("--spread", type=float, default=0.5, help="later turns' max_tokens: "
+                    "--max-tokens x (1 +- spread), uniform, the same for every contestant")
     ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--idle-samples", type=int, default=16)
+    ap.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
+                    help="let requests end at end-of-generation (work then may differ)")
+    ap.add_argument("--idle-samples", type=int, default=40)
     ap.add_argument("--idle-tokens", type=int, default=16)
     ap.add_argument("--prefix-samples", type=int, default=10)
     ap.add_argument("--server-core", type=int, default=1)
     ap.add_argument("--client-core", type=int, default=0)
+    ap.add_argument("--quick", action="store_true", help="a short run for development: "
+                    "streams 1 8, 2 rounds of 2 turns, 32 tokens, 6 idle and 3 prefix samples")
     ap.add_argument("--cache-dir", default=str(ROOT / ".cache" / "sokuji"))
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "llm_serving.json"))
     ap.add_argument("--plot", help="write a PNG here")
     args = ap.parse_args()
+    if args.quick:
+        args.streams, args.rounds, args.turns, args.max_tokens = [1, 8], 2, 2, 32
+        args.idle_samples, args.prefix_samples = 6, 3
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    binary = find_tool("llama-server", args.llama_server)
     os.sched_setaffinity(0, {args.client_core})
     gguf = native.smollm2_path()
     if args.gguf == "q8_0":
         gguf = native.requantized(gguf, "q8_0", args.cache_dir)
-    sk_port, lc_port = free_port(), free_port()
+    sk_port, ls_port, lc_port = free_port(), free_port(), free_port()
     sokuji = Server(args, [sys.executable, "-m", "sokuji", "serve"], sk_port, config=f"""
 port = {sk_port}
 cache_dir = "{args.cache_dir}"
@@ -300,28 +268,48 @@ threads = {args.threads}
 slots = 8
 context_size = 2048
 """)
-    peer = Server(args, [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf),
-                         "--port", str(lc_port), "--n_threads", str(args.threads),
-                         "--n_threads_batch", str(args.threads), "--n_ctx", "2048",
-                         "--flash_attn", "true", "--verbose", "false",
-                         # its default lets a new request cut off the one streaming: queue
-                         "--interrupt_requests", "false"],
-                  lc_port, ready_path="/v1/models")
-    with sokuji, peer:
-        direct = Direct(args, gguf)
+    log = Path(args.out).with_suffix(".llama-server.log")
+    peer = LlamaServer(args, binary, gguf, ls_port, slots=8, ctx_per_slot=2048, log_path=log)
+    extras: dict[str, Any] = {"stream_options": {"include_usage": True}}
+    if args.ignore_eos:
+        extras["ignore_eos"] = True
+    contestants = [Contestant(SK, sk_port, "smollm2", extras),
+                   Contestant(LS, ls_port, "smollm2", extras)]
+    servers: list[Server] = [sokuji, peer]
+    if args.with_llama_cpp_python:
+        servers.append(Server(args, [
+            sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--port",
+            str(lc_port), "--n_threads", str(args.threads), "--n_threads_batch",
+            str(args.threads), "--n_ctx", "2048", "--flash_attn", "true", "--verbose", "false",
+            # its default lets a new request cut off the one streaming: queue
+            "--interrupt_requests", "false"], lc_port, ready_path="/v1/models"))
+        contestants.append(Contestant(LC, lc_port, "smollm2", {}))  # (no usage, no ignore_eos)
+    started: list[Server] = []
+    try:
+        for s in servers:  # one at a time: each loads while the core is otherwise idle
+            started.append(s)
+            s.__enter__()
+        direct = Direct(args.server_core, gguf, args.threads)
         try:
-            result = asyncio.run(run(args, Contestant("sokuji", sk_port, "smollm2"),
-                                     Contestant("llama_cpp.server", lc_port, "smollm2"),
-                                     direct))
+            result = asyncio.run(run(args, contestants, direct))
         finally:
             direct.close()
-    result["args"] = {**vars(args), "gguf_path": str(gguf)}
-    result["machine"] = {"cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d %H:%M")}
+    finally:
+        for s in reversed(started):
+            if s.proc is not None:  # (also one that never became ready)
+                s.__exit__(None, None, None)
+    result["contestants"] = [c.name for c in contestants]
+    result["ratios"] = ratios(result, args)
+    result["args"] = {**vars(args), "gguf_path": str(gguf), "llama_server": str(binary),
+                      "llama_server_argv": peer.argv}
+    result["machine"] = {"cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d %H:%M"),
+                         "loadavg_at_end": os.getloadavg(),
+                         "llama_server_version": tool_version(binary)}
     report(result, args)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
-    print(f"\nraw figures: {out}")
+    print(f"\nraw figures: {out}; llama-server's log: {log}")
     if args.plot:
         plot(result, Path(args.plot))
         print(f"plot: {args.plot}")
