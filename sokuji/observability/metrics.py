@@ -246,6 +246,12 @@ _ENGINE_COUNTERS: tuple[tuple[str, str, Callable[[GenerationEngine], int]], ...]
      "busy slots consecutive.", lambda e: e.moves),
     ("sokuji_llm_split_steps", "Decode steps run row by row, because that measured cheaper "
      "than one small batch.", lambda e: e.split_steps),
+    # -- speculative decoding (llm/speculative.py): accepted / drafted is the acceptance rate
+    ("sokuji_llm_spec_draft_tokens", "Draft tokens verified (speculative decoding).",
+     lambda e: e.spec.drafted if e.spec is not None else 0),
+    ("sokuji_llm_spec_accepted_tokens", "Draft tokens accepted: equal to the model's own "
+     "greedy tokens, emitted without a step of their own.",
+     lambda e: e.spec.accepted if e.spec is not None else 0),
 )
 
 
