@@ -33,10 +33,13 @@ measured step costs (``step_cost.py``), each sequence's estimated acceptance p (
 from its recent verifications and, before it has any, from the engine's by drafter and
 n-gram length), counts draft j of a sequence as worth p^j expected tokens, and picks the
 number of drafts (best first) that maximises expected tokens per second of the step. It
-drafts only when that beats the plain step by ``MARGIN``. Where verification is as dear as
-decoding (this CPU, a same-size draft model) it therefore stops drafting after a few
-measured tries, and free text pays a lookup and a comparison a step. ``adaptive = false``
-always drafts what it can (tests, benchmarks of the mechanism).
+drafts only when that beats the plain step by ``MARGIN``. Estimates change only by
+drafting, so when the plan drafts nothing, 2% of the step time is saved up to pay for an
+occasional probe (``_probe``): the most promising sequence verifies its whole draft, which
+measures that step size and the acceptance. Where verification is as dear as decoding (this
+CPU with the shipped Q4_1, a same-size draft model) it thus drafts only in probes, and free
+text pays a lookup a step and at most ~2% in probes. ``adaptive = false`` always drafts
+what it can (tests, benchmarks of the mechanism).
 """
 
 from __future__ import annotations
@@ -66,10 +69,18 @@ NGRAM_PRIOR = {1: 0.3, 2: 0.5, 3: 0.6}
 """Acceptance assumed for an n-gram match of this length before any is measured (longer:
 0.7); a draft model's: ``DRAFT_PRIOR``."""
 DRAFT_PRIOR = 0.6
-SEQ_WEIGHT, SEQ_DECAY = 2.0, 0.7
-"""A sequence's own evidence: decayed counts (recent verifications weigh most), blended with
-the engine-wide estimate as ``SEQ_WEIGHT`` pseudo-observations."""
+SEQ_WEIGHT, SEQ_DECAY = 2.0, 0.85
+"""A sequence's own evidence, blended with the engine-wide estimate as ``SEQ_WEIGHT``
+pseudo-observations, fades by ``SEQ_DECAY`` a step: recent verifications weigh most, and a
+rejection some steps ago no longer stops a sequence that has reached a passage it quotes."""
 GLOBAL_WEIGHT, GLOBAL_DECAY = 4.0, 0.98
+EXPLORE_SHARE = 0.02
+"""Of each drafting-eligible step's estimated time, this share is saved up to pay for probes
+(``_probe``). Free text thus pays at most about 2% for the chance to find where drafting
+pays."""
+EXPLORE_START_S, EXPLORE_CAP_S = 0.2, 0.5
+"""Savings at start (once per engine: its first probes measure the step sizes it will use),
+and at most."""
 
 
 @dataclass(frozen=True)
@@ -98,9 +109,13 @@ class Acceptance:
         self.accepted = 0.0
         self.rejected = 0.0
 
-    def observe(self, drafted: int, accepted: int, decay: float) -> None:
+    def observe(self, drafted: int, accepted: int, decay: float = 1.0) -> None:
         self.accepted = self.accepted * decay + accepted
         self.rejected = self.rejected * decay + (accepted < drafted)
+
+    def fade(self, decay: float) -> None:
+        self.accepted *= decay
+        self.rejected *= decay
 
     def p(self, prior: float, weight: float) -> float:
         return (self.accepted + weight * prior) / (self.accepted + self.rejected + weight)
@@ -176,6 +191,9 @@ class Speculator:
         self.drafted = 0
         self.accepted = 0
         self.draft_seconds = 0.0
+        self.explore_s = EXPLORE_START_S
+        """Seconds of step time saved up for probes."""
+        self.probes = 0
 
     # -- per sequence ---------------------------------------------------------------------
     def admit(self, prompt: list[int], greedy: bool, max_new: int) -> SeqSpec | None:
@@ -195,7 +213,7 @@ class Speculator:
         history's length when they were drafted."""
         self.drafted += drafted
         self.accepted += accepted
-        st.own.observe(drafted, accepted, SEQ_DECAY)
+        st.own.observe(drafted, accepted)
         self._global.setdefault(st.match, Acceptance()).observe(drafted, accepted,
                                                                 GLOBAL_DECAY)
         if self.draft is not None and st.dpos > before + accepted:
@@ -227,6 +245,7 @@ class Speculator:
             cap = min(room, cfg.max_tokens)
             if st is None or cap < 1:
                 continue
+            st.own.fade(SEQ_DECAY)
             if cfg.mode == "ngram":
                 tokens, st.match = st.history.lookup(cfg.ngram_max, cfg.ngram_min, cap)
                 if tokens:
@@ -273,8 +292,32 @@ class Speculator:
                 break
             if expected / (cost + drafting) > best:
                 best, best_t = expected / (cost + drafting), t
+        self.explore_s = min(EXPLORE_CAP_S, self.explore_s + EXPLORE_SHARE * base)
+        if best_t == 0 and cands:
+            return self._probe(n_rows, wanted, base, budget)
         for _, w, _ in cands[:best_t]:
             ks[w] += 1
+        return ks
+
+    def _probe(self, n_rows: int, wanted: list[tuple[int, int, float, list[int] | None]],
+               base: float, budget: int) -> list[int]:
+        """The estimates are revised only by drafting: a step size never tried keeps its
+        guess, and an acceptance estimate that says "no" would never be tested again. So when
+        the plan drafts nothing, the most promising sequence (highest p, then longest draft)
+        verifies its whole draft anyway if the savings (``EXPLORE_SHARE``) cover what that
+        step is estimated to cost more than a plain one."""
+        ks = [0] * len(wanted)
+        w = max(range(len(wanted)), key=lambda i: (wanted[i][2], wanted[i][1]))
+        most = min(wanted[w][1], budget)
+        cost = self.costs.estimate(n_rows + most)
+        if cost is None:
+            return ks
+        extra = cost - base + (most * self._draft_cost(1) if self.draft is not None else 0.0)
+        if extra > self.explore_s:
+            return ks
+        self.explore_s -= max(0.0, extra)
+        self.probes += 1
+        ks[w] = most
         return ks
 
     def _draft_cost(self, tokens: int) -> float:

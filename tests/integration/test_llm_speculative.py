@@ -129,8 +129,8 @@ def test_identical_when_batched_with_other_sequences(client: openai.OpenAI) -> N
     expected = [chat(client, "plain", m, max_tokens=n)[0] for m, n in jobs]
     for model in ("ngram", "draft"):
         with ThreadPoolExecutor(6) as pool:
-            got = list(pool.map(lambda job: chat(client, model, job[0], max_tokens=job[1])[0],
-                                jobs))
+            got = list(pool.map(lambda job, m=model: chat(client, m, job[0],
+                                                          max_tokens=job[1])[0], jobs))
         assert got == expected, model
 
 

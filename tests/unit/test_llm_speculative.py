@@ -17,7 +17,7 @@ from sokuji.llm import native
 from sokuji.llm.engine import EngineConfig, GenerationEngine
 from sokuji.llm.request import Delta, Finish, GenerationRequest, SamplingParams
 from sokuji.llm.runtime import LlamaOptions
-from sokuji.llm.speculative import History, SpecConfig, Speculator
+from sokuji.llm.speculative import EXPLORE_SHARE, EXPLORE_START_S, History, SpecConfig, Speculator
 from sokuji.llm.step_cost import StepCosts
 
 EOG = 0
@@ -192,6 +192,7 @@ def plan(costs: dict[int, float], p_hist: list[int], adaptive: bool = True) -> l
     for n, s in costs.items():
         step.learn(n, s)
     spec = Speculator(SpecConfig("ngram", 8, 4, 1, adaptive), step)
+    spec.explore_s = 0.0  # the plan alone, no probes
     st = spec.admit(p_hist, greedy=True, max_new=64)
     assert st is not None
     return spec.propose([(st, 0, 64)], budget=64)[0]
@@ -218,13 +219,21 @@ def test_the_planner_follows_a_sequences_acceptance() -> None:
     spec = Speculator(SpecConfig("ngram", 8, 4, 1, True), step)
     st = spec.admit(REPEAT, greedy=True, max_new=64)
     assert st is not None
-    for _ in range(6):
-        spec.observe(st, 0, st.history.n, 8, 8)  # all accepted
-    assert len(spec.propose([(st, 0, 64)], 64)[0]) == 8
-    for _ in range(20):
-        spec.observe(st, 0, st.history.n, 8, 0)  # all rejected, for a while
-    assert spec.p(st, 4) < 0.3
-    assert spec.propose([(st, 0, 64)], 64)[0] == []
+
+    def one_step(accepted: bool) -> int:
+        spec.explore_s = 0.0  # the plan alone, no probes
+        drafts = spec.propose([(st, 0, 64)], 64)[0]
+        if drafts:
+            spec.observe(st, 0, st.history.n, len(drafts), len(drafts) if accepted else 0)
+        return len(drafts)
+
+    accepted = [one_step(True) for _ in range(4)]
+    assert accepted == sorted(accepted) and accepted[-1] == 8  # k grows with acceptance
+    rejected = [one_step(False) for _ in range(12)]
+    assert rejected == sorted(rejected, reverse=True) and rejected[-1] <= 1  # and shrinks
+    assert spec.p(st, 4) < 0.5
+    step.learn(2, 0.020)  # one more token costs a token's share: no more drafts at that p
+    assert one_step(False) == 0
 
 
 # -- configuration ---------------------------------------------------------------------------
@@ -264,3 +273,19 @@ def test_vocabularies_are_compared_token_by_token() -> None:
     assert "2 tokens against 3" in native.vocab_difference(a, vocab([b"a", b"b"]))
     assert "token 1 differs" in native.vocab_difference(a, vocab([b"a", b"x", b"c"]))
     assert "BOS" in native.vocab_difference(a, vocab([b"a", b"b", b"c"], add_bos=True))
+
+
+def test_probes_are_paid_from_a_small_share_of_step_time() -> None:
+    step = StepCosts(split_small_batches=False)
+    step.learn(1, 0.010)
+    step.learn(9, 0.090)  # linear: the plan never drafts
+    spec = Speculator(SpecConfig("ngram", 8, 4, 1, True), step)
+    st = spec.admit(REPEAT, greedy=True, max_new=1 << 20)
+    assert st is not None
+    spent = 0.0
+    for _ in range(2000):
+        if spec.propose([(st, 0, 64)], 64)[0]:
+            spent += 0.080  # a probe's step cost 80 ms more than a plain one
+            spec.observe(st, 0, st.history.n, 8, 0)  # and its drafts were rejected
+    assert spec.probes >= 2  # it keeps testing its "no"...
+    assert spent <= EXPLORE_START_S + EXPLORE_SHARE * 2000 * 0.010 + 1e-9  # ...within 2%
