@@ -44,7 +44,7 @@ from sokuji.llm.native import LlamaModel
 from sokuji.llm.prefix_cache import PrefixCache
 from sokuji.llm.request import Delta, Finish, GenerationRequest, now_ns
 from sokuji.llm.runtime import LlamaOptions
-from sokuji.llm.sequence import Sequence
+from sokuji.llm.sequence import ATTN_TILE, Sequence
 from sokuji.llm.speculative import SpecConfig, Speculator
 from sokuji.llm.step_cost import StepCosts
 from sokuji.llm.waiting import WaitingRoom
@@ -108,6 +108,7 @@ class GenerationEngine:
         self.split_steps = 0
         """Steps decoded row by row because that measured cheaper."""
         self.costs = StepCosts(config.split_small_batches)
+        self._tile = ATTN_TILE if config.n_batch >= 2 * ATTN_TILE else config.n_batch + 1
         self.draft = draft
         self.spec = (Speculator(config.speculative, self.costs, draft, config.prefill_chunk)
                      if config.speculative.mode != "off" else None)
@@ -251,8 +252,13 @@ class GenerationEngine:
             self._active.append(seq)
 
     def _step(self) -> None:
+        # Prompt pieces of >= ATTN_TILE tokens (llama.cpp's tiled attention) get a
+        # llama_decode each, then one for the rest: under ATTN_TILE tokens a sequence (its row
+        # kernel, as in one-token decoding). ``Sequence.prompt_piece`` says why.
         entries: list[tuple[int, int, int, bool]] = []
         rows: list[tuple[Sequence, int, list[int]]] = []  # (sequence, its first row, its drafts)
+        longs: list[tuple[list[tuple[int, int, int, bool]],
+                          list[tuple[Sequence, int, list[int]]]]] = []
         self._active.sort(key=lambda q: q.slot)  # llama.cpp wants streams in order
         decoding = [seq for seq in self._active if seq.next_token is not None]
         drafts = self._drafts(decoding)
@@ -263,34 +269,47 @@ class GenerationEngine:
             entries.extend((tok, seq.pos + 1 + i, seq.slot, True) for i, tok in enumerate(draft))
             seq.pos += 1 + len(draft)
             seq.next_token = None
-        budget = self.config.n_batch - len(entries)
-        if entries:
-            budget = min(budget, self.config.prefill_chunk)
+        room = self.config.n_batch - len(entries)
+        budget = min(room, self.config.prefill_chunk) if entries else room
         prefilled: list[Sequence] = []
+        pure = True  # no prompt tokens with the decode rows
         for seq in self._active:
             if budget <= 0:
                 break
-            if not seq.pending:
+            take = seq.prompt_piece(budget, room, self._tile) if seq.pending else []
+            if not take:
                 continue
-            take = seq.pending[:budget]
-            seq.pending = seq.pending[len(take):]
+            if len(take) >= self._tile:
+                longs.append(([], []))
+            batch, batch_rows = longs[-1] if len(take) >= self._tile else (entries, rows)
+            pure = pure and batch is not entries
             for tok in take:
-                entries.append((tok, seq.pos, seq.slot, False))
+                batch.append((tok, seq.pos, seq.slot, False))
                 seq.pos += 1
             budget -= len(take)
+            room -= len(take)
             if not seq.pending:
-                entries[-1] = (*entries[-1][:3], True)
-                rows.append((seq, len(entries) - 1, []))
+                batch[-1] = (*batch[-1][:3], True)
+                batch_rows.append((seq, len(batch) - 1, []))
                 prefilled.append(seq)
-        if not entries:
-            return
-        if not prefilled and len(entries) == len(rows) \
-                and self.costs.split_is_cheaper(len(rows)):
+        for long in longs:
+            self._decode(*long, pure=False)
+        if entries:
+            self._decode(entries, rows, pure)
+        for seq in prefilled:  # after the first tokens went out: off their TTFT
+            if seq.store_prefix and seq in self._active:
+                self._store_prefix(seq)
+
+    def _decode(self, entries: list[tuple[int, int, int, bool]],
+                rows: list[tuple[Sequence, int, list[int]]], pure: bool) -> None:
+        """One ``llama_decode`` (or its rows one by one, where that measured cheaper), then
+        each row's tokens; ``pure``: no prompt tokens in it (every row has logits)."""
+        if pure and len(entries) == len(rows) and self.costs.split_is_cheaper(len(rows)):
             self._decode_one_by_one(rows, entries)
             return
         t0 = time.perf_counter()
         rc = self.model.decode(entries)
-        if not prefilled:  # a pure-decode step (drafts included): every row has logits
+        if pure:  # (drafts included)
             self.costs.learn(len(entries), time.perf_counter() - t0)
         self.steps += 1
         self.rows += len(rows)
@@ -302,9 +321,6 @@ class GenerationEngine:
             return
         for seq, index, draft in rows:
             self._verify(seq, index, draft)
-        for seq in prefilled:  # after the first tokens went out: off their TTFT
-            if seq.store_prefix and seq in self._active:
-                self._store_prefix(seq)
 
     def _drafts(self, decoding: list[Sequence]) -> list[list[int]]:
         """Draft tokens for each decoding sequence (``speculative.py``), within the batch.

@@ -26,7 +26,9 @@ Options (``[models.options]``), all optional:
   (a draft model proposes); ``speculative_tokens`` (8): draft tokens per sequence and step,
   at most; ``speculative_ngram_max`` / ``_min`` (4 / 2): the n-gram lengths looked up;
   ``speculative_adaptive`` (true): draft only when the measured step costs and acceptance
-  say it pays (false: always, for tests and benchmarks of the mechanism);
+  say it pays (false: always, for tests and benchmarks of the mechanism). Needs
+  ``flash_attn``: with it a token's logits are the same whether 1 or up to 63 tokens of its
+  sequence are decoded together (measured bit-equal); without it they differ from 2 on;
 - ``draft_model`` (""): the draft model's GGUF (same vocabulary, checked at load; "": the
   served file itself), ``draft_requantize`` ("", "q4_0", "q8_0"): served requantized.
   ``speculative = "draft"`` needs one of the two.
@@ -37,7 +39,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -101,6 +103,14 @@ class LlamaOptions:
             raise ConfigError.for_key(f"{prefix}.requantize", opts.requantize,
                                       'must be "" (as shipped) or "q8_0"')
         opts._check_speculative(prefix)
+        if opts.speculative != "off" and not opts.flash_attn:
+            if "speculative" in raw:
+                raise ConfigError.for_key(f"{prefix}.speculative", opts.speculative,
+                                          "needs flash_attn = true: without it llama.cpp "
+                                          "computes a token differently when others of its "
+                                          "sequence are in the same batch, so drafts could "
+                                          "change the text")
+            opts = replace(opts, speculative="off")  # (the default gives way)
         if opts.slots > 64:
             raise ConfigError.for_key(f"{prefix}.slots", opts.slots, "must be at most 64")
         if opts.n_batch < opts.slots:
@@ -115,9 +125,9 @@ class LlamaOptions:
         if self.speculative not in MODES:
             raise ConfigError.for_key(f"{prefix}.speculative", self.speculative,
                                       f"must be one of: {', '.join(MODES)}")
-        if self.speculative_tokens > 64:
+        if self.speculative_tokens > 32:  # 1 + 32 tokens a sequence: under llama.cpp's 64
             raise ConfigError.for_key(f"{prefix}.speculative_tokens", self.speculative_tokens,
-                                      "must be at most 64")
+                                      "must be at most 32")
         if self.speculative_ngram_max < self.speculative_ngram_min:
             raise ConfigError.for_key(f"{prefix}.speculative_ngram_max",
                                       self.speculative_ngram_max, "must be at least "

@@ -17,6 +17,7 @@ from sokuji.llm import native
 from sokuji.llm.engine import EngineConfig, GenerationEngine
 from sokuji.llm.request import Delta, Finish, GenerationRequest, SamplingParams
 from sokuji.llm.runtime import LlamaOptions
+from sokuji.llm.sequence import Sequence
 from sokuji.llm.speculative import EXPLORE_SHARE, EXPLORE_START_S, History, SpecConfig, Speculator
 from sokuji.llm.step_cost import StepCosts
 
@@ -244,7 +245,8 @@ def test_the_planner_follows_a_sequences_acceptance() -> None:
     ({"speculative": "draft", "draft_requantize": "q2_k"}, "o.draft_requantize"),
     ({"speculative_ngram_max": 1, "speculative_ngram_min": 2}, "o.speculative_ngram_max"),
     ({"speculative_tokens": 0}, "o.speculative_tokens"),
-    ({"speculative_tokens": 65}, "o.speculative_tokens"),
+    ({"speculative_tokens": 33}, "o.speculative_tokens"),
+    ({"speculative": "ngram", "flash_attn": False}, "o.speculative"),
     ({"speculative_adaptive": "yes"}, "o.speculative_adaptive"),
 ])
 def test_speculative_options_are_checked_naming_the_key(options: dict[str, object],
@@ -252,6 +254,11 @@ def test_speculative_options_are_checked_naming_the_key(options: dict[str, objec
     with pytest.raises(ConfigError) as exc:
         LlamaOptions.parse(options, "o")
     assert exc.value.param == key and f"'{key}'" in str(exc.value)
+
+
+def test_without_flash_attention_the_default_speculation_gives_way() -> None:
+    assert LlamaOptions.parse({"flash_attn": False}, "o").speculative == "off"
+    assert LlamaOptions.parse({}, "o").speculative == "ngram"
 
 
 def test_the_engine_takes_its_speculation_from_the_options() -> None:
@@ -289,3 +296,47 @@ def test_probes_are_paid_from_a_small_share_of_step_time() -> None:
             spec.observe(st, 0, st.history.n, 8, 0)  # and its drafts were rejected
     assert spec.probes >= 2  # it keeps testing its "no"...
     assert spent <= EXPLORE_START_S + EXPLORE_SHARE * 2000 * 0.010 + 1e-9  # ...within 2%
+
+
+# -- prompt pieces: every prompt token through the kernel a whole-prompt decode uses ----------
+def piece_sizes(prompt_len: int, budgets: list[int], room: int = 512) -> list[int]:
+    loop = asyncio.new_event_loop()
+    try:
+        seq = Sequence(GenerationRequest("m", list(range(prompt_len)), SamplingParams(
+            max_tokens=4, temperature=0), loop, arrival_ns=0), 0)
+        sizes = []
+        for budget in budgets:
+            if not seq.pending:
+                break
+            sizes.append(len(seq.prompt_piece(budget, room)))
+        return sizes
+    finally:
+        loop.close()
+
+
+def test_long_prompts_come_in_pieces_of_a_tile_or_more_with_no_short_tail() -> None:
+    assert piece_sizes(300, [512]) == [300]  # alone: whole
+    assert piece_sizes(300, [128] * 3) == [128, 108, 64]  # no 44-token tail
+    assert piece_sizes(180, [128] * 2) == [116, 64]
+    assert piece_sizes(200, [10, 128, 128]) == [64, 72, 64]  # a tile even on a small budget
+    assert piece_sizes(50, [20, 20, 20]) == [20, 20, 10]  # short: as it comes
+    assert piece_sizes(100, [128], room=80) == [0]  # does not fit now: waits
+
+
+def test_long_pieces_get_a_decode_call_of_their_own() -> None:
+    model = ScriptedModel(CONTINUES * 4)
+    model.shape = SimpleNamespace(slots=3)  # type: ignore[misc]
+    eng = GenerationEngine("m", model, EngineConfig(  # type: ignore[arg-type]
+        prefix_cache_bytes=0, speculative=FORCED))
+    loop = asyncio.new_event_loop()
+    try:
+        for prompt in (PROMPT, [5] * 150, [6] * 90):  # one short, two long
+            eng.queue.waiting.append(GenerationRequest(
+                "m", prompt, SamplingParams(max_tokens=6, temperature=0), loop, arrival_ns=0))
+        eng._admit(0)
+        eng._step()
+    finally:
+        loop.close()
+    per_call = [{s: sum(1 for e in call if e[2] == s) for s in {e[2] for e in call}}
+                for call in model.calls]
+    assert per_call == [{1: 150}, {2: 90}, {0: len(PROMPT)}]
