@@ -14,14 +14,20 @@ sequence may not end yet; one integer comparison for requests without them). A s
 that finishes (end of generation, ``max_tokens``, a stop string, cancellation) frees its slot
 and its KV cells at once, and the best waiting request takes the slot in the same step.
 
-Scheduling follows the policy the encoder batcher follows (``core/policy.py``), with work
-counted in generations: admission (``max_queue_depth``, ``max_concurrency``: 429 at once,
-Retry-After from the measured rate at which slots free up), priorities with the same aging
-rule (interactive first; a request that has waited ``priority_aging_ms`` counts as
-interactive; 0: plain arrival order), and deadlines that bound the *start*: a generation
-that cannot get a slot in time is refused at submission or failed (504) when its deadline
-passes while it waits; one that has a slot runs to its end (``max_tokens``, a stop, or its
-client's disconnect).
+With speculative decoding on (``speculative.py``), a greedy sequence's token in step 1 may
+be followed by draft tokens (an n-gram lookup in its own context, or a draft model); the
+target's greedy token of each row is emitted while it agrees with the draft, so several
+tokens can come out of one step, each through the same checks (end of generation,
+``max_tokens``, stop strings) as a single one. The rejected drafts' KV cells are removed.
+
+Scheduling follows the policy the encoder batcher follows (``core/policy.py``; the queue
+is ``waiting.py``), with work counted in generations: admission (``max_queue_depth``,
+``max_concurrency``: 429 at once, Retry-After from the measured rate at which slots free
+up), priorities with the same aging rule (interactive first; a request that has waited
+``priority_aging_ms`` counts as interactive; 0: plain arrival order), and deadlines that
+bound the *start*: a generation that cannot get a slot in time is refused at submission or
+failed (504) when its deadline passes while it waits; one that has a slot runs to its end
+(``max_tokens``, a stop, or its client's disconnect).
 """
 
 from __future__ import annotations
@@ -33,12 +39,15 @@ import time
 from dataclasses import dataclass
 
 from sokuji.config import ModelConfig
-from sokuji.core import policy
-from sokuji.errors import DeadlineExceeded, ModelNotReady, RuntimeFailed, SokujiError
-from sokuji.llm.native import LlamaModel, Sampler
+from sokuji.errors import ModelNotReady, RuntimeFailed, SokujiError
+from sokuji.llm.native import LlamaModel
 from sokuji.llm.prefix_cache import PrefixCache
-from sokuji.llm.request import Delta, Finish, GenerationRequest, TextAssembler, now_ns
+from sokuji.llm.request import Delta, Finish, GenerationRequest, now_ns
 from sokuji.llm.runtime import LlamaOptions
+from sokuji.llm.sequence import ATTN_TILE, Sequence
+from sokuji.llm.speculative import SpecConfig, Speculator
+from sokuji.llm.step_cost import StepCosts
+from sokuji.llm.waiting import WaitingRoom
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +69,8 @@ class EngineConfig:
     prefix_cache_min_tokens: int = _OPTIONS.prefix_cache_min_tokens
     split_small_batches: bool = _OPTIONS.split_small_batches
     """Decode a pure-decode batch row by row when that measured cheaper (see
-    ``_split_is_cheaper``); False always decodes the batch together."""
+    ``step_cost.py``); False always decodes the batch together."""
+    speculative: SpecConfig = SpecConfig.of(_OPTIONS)  # noqa: RUF009 (frozen)
 
     @classmethod
     def from_options(cls, o: LlamaOptions, max_queue_depth: int, priority_aging_ms: float,
@@ -70,45 +80,26 @@ class EngineConfig:
                    priority_aging_ms=priority_aging_ms,
                    prefix_cache_bytes=o.prefix_cache_mb * 1024 * 1024,
                    prefix_cache_min_tokens=o.prefix_cache_min_tokens,
-                   split_small_batches=o.split_small_batches)
-
-
-class _Seq:
-    __slots__ = ("assembler", "eog_banned_below", "generated", "min_tokens", "next_token",
-                 "pending", "pos", "req", "sampler", "slot", "store_prefix")
-
-    def __init__(self, req: GenerationRequest, slot: int) -> None:
-        self.req = req
-        self.slot = slot
-        p = req.params
-        self.sampler = Sampler(p.temperature, p.top_p, p.seed)
-        self.assembler = TextAssembler(p.stop)
-        self.pending: list[int] = list(req.prompt)
-        self.pos = 0
-        self.next_token: int | None = None
-        self.generated = 0
-        self.store_prefix = False
-        # min_tokens / ignore_eos as plain ints: a request without them costs one integer
-        # comparison a token (``generated < 0`` is never true).
-        self.eog_banned_below = p.eog_banned_below
-        self.min_tokens = p.min_tokens
+                   split_small_batches=o.split_small_batches,
+                   speculative=SpecConfig.of(o))
 
 
 class GenerationEngine:
-    def __init__(self, name: str, model: LlamaModel, config: EngineConfig) -> None:
+    def __init__(self, name: str, model: LlamaModel, config: EngineConfig,
+                 draft: LlamaModel | None = None) -> None:
         self.name = name
         self.model = model
         self.config = config
         self.prefix_cache = PrefixCache(config.prefix_cache_bytes,
                                         config.prefix_cache_min_tokens)
-        self._cond = threading.Condition()
-        self._intake: list[GenerationRequest] = []
-        self._waiting: list[GenerationRequest] = []
-        self._active: list[_Seq] = []
+        self.queue = WaitingRoom(name, model.shape.slots, config.max_queue_depth,
+                                 config.max_concurrency, config.priority_aging_ms)
+        self.drain = self.queue.drain
+        """Generations completed per second of a slot's time, times the slots."""
+        self._active: list[Sequence] = []
         self._free = list(range(model.shape.slots))
         self._thread: threading.Thread | None = None
         self._stopping = False
-        self._closed = False
         self.steps = 0
         """llama_decode calls; ``rows`` counts the sequences sampled in them."""
         self.rows = 0
@@ -116,23 +107,21 @@ class GenerationEngine:
         """Sequences moved down to keep the busy slots consecutive."""
         self.split_steps = 0
         """Steps decoded row by row because that measured cheaper."""
-        self._cost: dict[int, float] = {}
-        self._probe: dict[int, int] = {}
-        self._admission = policy.Admission(name, config.max_queue_depth,
-                                           config.max_concurrency, what="generations")
-        self._slots = model.shape.slots
-        self.drain = policy.DrainRate(self._slots)
-        """Generations completed per second of a slot's time, times the slots."""
-        self._aging_ns = policy.aging_ns(config.priority_aging_ms)
+        self.costs = StepCosts(config.split_small_batches)
+        self._tile = ATTN_TILE if config.n_batch >= 2 * ATTN_TILE else config.n_batch + 1
+        self.draft = draft
+        self.spec = (Speculator(config.speculative, self.costs, draft, config.prefill_chunk)
+                     if config.speculative.mode != "off" else None)
 
     # -- event-loop side ------------------------------------------------------------------
     @property
     def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive() and not self._closed
+        return (self._thread is not None and self._thread.is_alive()
+                and not self.queue.closed)
 
     @property
     def num_waiting(self) -> int:
-        return len(self._waiting) + len(self._intake)
+        return len(self.queue)
 
     @property
     def num_running(self) -> int:
@@ -141,43 +130,27 @@ class GenerationEngine:
     alive = running
 
     def check_capacity(self) -> None:
-        waiting = self.num_waiting
-        self._admission.check(waiting, waiting + len(self._active), lambda: waiting,
-                              self.drain.per_s)
+        self.queue.check(len(self._active))
 
     def submit(self, req: GenerationRequest) -> None:
         """Admit (``Overloaded``, ``DeadlineExceeded`` at once) and queue ``req``."""
         if not self.running:
             raise ModelNotReady(f"model '{self.name}': its generation engine is not running")
-        self.check_capacity()
-        now = now_ns()
-        if req.deadline_ns is not None:
-            rate = self.drain.per_s
-            ahead = sum(1 for r in (*self._waiting, *self._intake)
-                        if r.priority <= req.priority) if rate > 0 else 0
-            policy.check_deadline(req.deadline_ns, now, ahead, rate,
-                                  saturated=len(self._active) >= self._slots)
-        req.timing.submitted_ns = now
-        with self._cond:
-            if self._closed:  # the thread failed everyone and is ending: nobody would read it
-                raise ModelNotReady(f"model '{self.name}': its generation engine is not "
-                                    "running")
-            self._intake.append(req)
-            self._cond.notify()
+        self.queue.put(req, len(self._active))
 
     def start(self) -> None:
         if self.running:
             return
         self._stopping = False
-        self._closed = False
+        self.queue.closed = False
         self._thread = threading.Thread(target=self._run, name=f"sokuji-llm-{self.name}",
                                         daemon=True)
         self._thread.start()
 
     async def stop(self) -> None:
-        with self._cond:
+        with self.queue.cond:
             self._stopping = True
-            self._cond.notify()
+            self.queue.cond.notify()
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join)
             self._thread = None
@@ -185,32 +158,32 @@ class GenerationEngine:
     def warmup(self) -> None:
         """One short prefill and decode before serving (page in the weights)."""
         tokens = self.model.tokenize("Hello", add_special=True) or [0]
-        self.model.decode([(t, i, 0, i == len(tokens) - 1) for i, t in enumerate(tokens)])
-        self.model.forget(0)
+        for model in (self.model, self.draft):
+            if model is not None:
+                model.decode([(t, i, 0, i == len(tokens) - 1) for i, t in enumerate(tokens)])
+                model.forget(0)
 
     # -- engine thread --------------------------------------------------------------------
     def _run(self) -> None:
         try:
             while True:
-                with self._cond:
-                    while not (self._stopping or self._intake or self._active
-                               or self._waiting):
-                        self._cond.wait()
+                queue = self.queue
+                with queue.cond:
+                    while not (self._stopping or len(queue) or self._active):
+                        queue.cond.wait()
                     if self._stopping:
                         break
-                    if self._intake:
-                        self._waiting.extend(self._intake)
-                        self._intake = []
+                    queue.take_intake()
                 now = now_ns()
-                self._reap_waiting(now)
+                queue.reap(now)
                 self._reap_active()
                 self._compact()
                 self._admit(now)
                 if self._active:
                     self._step()
-                elif self._waiting:  # (cannot stay so: free slots were just filled)
-                    with self._cond:
-                        self._cond.wait(0.01)
+                elif queue.waiting:  # (cannot stay so: free slots were just filled)
+                    with queue.cond:
+                        queue.cond.wait(0.01)
         except Exception:  # the engine must never die silently: fail everyone, say why
             log.exception("generation engine %s failed", self.name)
             self._fail_all(RuntimeFailed(f"model '{self.name}': internal error in the "
@@ -220,34 +193,11 @@ class GenerationEngine:
 
     def _fail_all(self, error: SokujiError) -> None:
         """The thread is ending: fail everything queued or running; no submission is
-        accepted after this (``_closed``, under the same lock as the intake)."""
-        with self._cond:
-            self._closed = True
-            waiting = self._waiting + self._intake
-            self._waiting, self._intake = [], []
-        for req in waiting:
+        accepted after this (``WaitingRoom.close``, under the intake's lock)."""
+        for req in self.queue.close():
             req.push(Finish("error", 0, error))
         for seq in list(self._active):
             self._finish(seq, "error", error)
-
-    def _reap_waiting(self, now: int) -> None:
-        keep = []
-        for req in self._waiting:
-            if req.cancelled:
-                req.push(Finish("cancelled", 0))
-            elif req.deadline_ns is not None and now >= req.deadline_ns:
-                waited_ms = (now - req.timing.submitted_ns) / 1e6
-                req.push(Finish("deadline", 0, DeadlineExceeded(
-                    f"deadline exceeded: waited {waited_ms:.0f} ms for a free slot; the "
-                    "deadline passed before it could start")))
-            else:
-                keep.append(req)
-        self._waiting = keep
-
-    def _rank(self, req: GenerationRequest, now: int) -> tuple[int, int]:
-        """The policy's rank (class after aging), then the time it was queued."""
-        queued = req.timing.submitted_ns
-        return policy.rank(req.priority, now - queued, self._aging_ns), queued
 
     def _reap_active(self) -> None:
         """Cancelled sequences end; deadlines bound the start only (``core/policy.py``)."""
@@ -270,18 +220,19 @@ class GenerationEngine:
                 log.error("could not move a sequence from slot %d to %d", top.slot, low)
                 return
             self.model.forget(top.slot)
+            if self.spec is not None:
+                self.spec.move(top.spec, top.slot, low)
             self._free.remove(low)
             self._free.append(top.slot)
             top.slot = low
             self.moves += 1
 
     def _admit(self, now: int) -> None:
-        while self._free and self._waiting:
-            req = min(self._waiting, key=lambda r: self._rank(r, now))
-            self._waiting.remove(req)
+        while self._free and self.queue.waiting:
+            req = self.queue.pop_best(now)
             slot = min(self._free)
             self._free.remove(slot)
-            seq = _Seq(req, slot)
+            seq = Sequence(req, slot)
             req.timing.admitted_ns = now_ns()
             cache = self.prefix_cache
             if cache.max_bytes > 0:
@@ -295,46 +246,71 @@ class GenerationEngine:
                 else:
                     req.timing.prefix_lookup = "miss"
                 seq.store_prefix = cache.wants(req.prompt, req.tenant)
+            if self.spec is not None:
+                seq.spec = self.spec.admit(req.prompt, seq.sampler.greedy, req.params.max_tokens)
+                req.timing.speculative = self.spec.config.mode if seq.spec else "off sampled"
             self._active.append(seq)
 
     def _step(self) -> None:
+        # Prompt pieces of >= ATTN_TILE tokens (llama.cpp's tiled attention) get a
+        # llama_decode each, then one for the rest: under ATTN_TILE tokens a sequence (its row
+        # kernel, as in one-token decoding). ``Sequence.prompt_piece`` says why.
         entries: list[tuple[int, int, int, bool]] = []
-        rows: list[tuple[_Seq, int]] = []
+        rows: list[tuple[Sequence, int, list[int]]] = []  # (sequence, its first row, its drafts)
+        longs: list[tuple[list[tuple[int, int, int, bool]],
+                          list[tuple[Sequence, int, list[int]]]]] = []
         self._active.sort(key=lambda q: q.slot)  # llama.cpp wants streams in order
-        for seq in self._active:
-            if seq.next_token is not None:
-                entries.append((seq.next_token, seq.pos, seq.slot, True))
-                rows.append((seq, len(entries) - 1))
-                seq.pos += 1
-                seq.next_token = None
-        budget = self.config.n_batch - len(entries)
-        if entries:
-            budget = min(budget, self.config.prefill_chunk)
-        prefilled: list[_Seq] = []
+        decoding = [seq for seq in self._active if seq.next_token is not None]
+        drafts = self._drafts(decoding)
+        for seq, draft in zip(decoding, drafts, strict=True):
+            assert seq.next_token is not None
+            rows.append((seq, len(entries), draft))
+            entries.append((seq.next_token, seq.pos, seq.slot, True))
+            entries.extend((tok, seq.pos + 1 + i, seq.slot, True) for i, tok in enumerate(draft))
+            seq.pos += 1 + len(draft)
+            seq.next_token = None
+        room = self.config.n_batch - len(entries)
+        budget = min(room, self.config.prefill_chunk) if entries else room
+        prefilled: list[Sequence] = []
+        pure = True  # no prompt tokens with the decode rows
         for seq in self._active:
             if budget <= 0:
                 break
-            if not seq.pending:
+            take = seq.prompt_piece(budget, room, self._tile) if seq.pending else []
+            if not take:
                 continue
-            take = seq.pending[:budget]
-            seq.pending = seq.pending[len(take):]
+            if len(take) >= self._tile:
+                longs.append(([], []))
+            batch, batch_rows = longs[-1] if len(take) >= self._tile else (entries, rows)
+            pure = pure and batch is not entries
             for tok in take:
-                entries.append((tok, seq.pos, seq.slot, False))
+                batch.append((tok, seq.pos, seq.slot, False))
                 seq.pos += 1
             budget -= len(take)
+            room -= len(take)
             if not seq.pending:
-                entries[-1] = (*entries[-1][:3], True)
-                rows.append((seq, len(entries) - 1))
+                batch[-1] = (*batch[-1][:3], True)
+                batch_rows.append((seq, len(batch) - 1, []))
                 prefilled.append(seq)
-        if not entries:
-            return
-        if not prefilled and len(entries) == len(rows) and self._split_is_cheaper(len(rows)):
+        for long in longs:
+            self._decode(*long, pure=False)
+        if entries:
+            self._decode(entries, rows, pure)
+        for seq in prefilled:  # after the first tokens went out: off their TTFT
+            if seq.store_prefix and seq in self._active:
+                self._store_prefix(seq)
+
+    def _decode(self, entries: list[tuple[int, int, int, bool]],
+                rows: list[tuple[Sequence, int, list[int]]], pure: bool) -> None:
+        """One ``llama_decode`` (or its rows one by one, where that measured cheaper), then
+        each row's tokens; ``pure``: no prompt tokens in it (every row has logits)."""
+        if pure and len(entries) == len(rows) and self.costs.split_is_cheaper(len(rows)):
             self._decode_one_by_one(rows, entries)
             return
         t0 = time.perf_counter()
         rc = self.model.decode(entries)
-        if not prefilled and len(entries) == len(rows):
-            self._learn(len(rows), time.perf_counter() - t0)
+        if pure:  # (drafts included)
+            self.costs.learn(len(entries), time.perf_counter() - t0)
         self.steps += 1
         self.rows += len(rows)
         if rc != 0:  # the KV cells of every sequence in the batch are now in doubt
@@ -343,80 +319,81 @@ class GenerationEngine:
             for seq in [q for q in self._active if q.slot in slots]:
                 self._finish(seq, "error", RuntimeFailed(f"llama_decode failed ({rc})"))
             return
-        for seq, index in rows:
+        for seq, index, draft in rows:
+            self._verify(seq, index, draft)
+
+    def _drafts(self, decoding: list[Sequence]) -> list[list[int]]:
+        """Draft tokens for each decoding sequence (``speculative.py``), within the batch.
+        At most max_tokens - generated - 1 each, so a step never emits more than max_tokens
+        allows; the prompt limits keep those positions inside the sequence's cells."""
+        if self.spec is None or not decoding:
+            return [[] for _ in decoding]
+        rows = [(seq.spec, seq.slot, seq.req.params.max_tokens - seq.generated - 1)
+                for seq in decoding]
+        return self.spec.propose(rows, self.config.n_batch - len(decoding))
+
+    def _verify(self, seq: Sequence, index: int, draft: list[int]) -> None:
+        """Emit the target's token of row ``index``, then of each next row while the token
+        before equals that row's draft input: the target's own greedy text. Cells of the
+        rejected drafts are removed. (The request's counters are updated before each token
+        goes out: the loop may read them as soon as a token ends the request.)"""
+        timing = seq.req.timing
+        timing.steps += 1
+        timing.drafted_tokens += len(draft)
+        accepted = 0
+        for i in range(len(draft) + 1):
             if seq.generated < seq.eog_banned_below:
-                self.model.ban_eog(index)
-            self._take_token(seq, seq.sampler.sample(self.model, index))
-        for seq in prefilled:  # after the first tokens went out: off their TTFT
-            if seq.store_prefix and seq in self._active:
-                self._store_prefix(seq)
+                self.model.ban_eog(index + i)
+            token = seq.sampler.sample(self.model, index + i)
+            agreed = i < len(draft) and token == draft[i]
+            accepted += agreed
+            timing.accepted_tokens += agreed
+            if not self._take_token(seq, token) or not agreed:
+                break
+        if not draft or self.spec is None or seq.spec is None:
+            return
+        before = seq.pos - len(draft)  # the context's length when drafted
+        self.spec.observe(seq.spec, seq.slot, before, len(draft), accepted)
+        if accepted < len(draft) and seq.next_token is not None:  # (still running)
+            seq.pos = before + accepted
+            self.model.forget(seq.slot, seq.pos)
 
-    # -- small batches that cost more than their rows one by one ----------------------------
-    def _learn(self, rows: int, seconds: float) -> None:
-        """EWMA of a pure-decode step's time by its number of rows."""
-        old = self._cost.get(rows)
-        self._cost[rows] = seconds if old is None else 0.8 * old + 0.2 * seconds
-
-    def _split_is_cheaper(self, rows: int) -> bool:
-        """Whether ``rows`` one-row decodes measured cheaper than one ``rows``-row decode.
-        (llama.cpp's Q8_0 path: a 2-row step took 28-30 ms, two 1-row steps 2 x 10.7 ms.)
-        Every 32nd such step is decoded together anyway, to keep measuring."""
-        if not self.config.split_small_batches or rows < 2 or rows not in self._cost \
-                or 1 not in self._cost:
-            return False
-        self._probe[rows] = self._probe.get(rows, 0) + 1
-        if self._probe[rows] % 32 == 0:
-            return False
-        return self._cost[rows] > 1.05 * rows * self._cost[1]
-
-    def _decode_one_by_one(self, rows: list[tuple[_Seq, int]],
+    def _decode_one_by_one(self, rows: list[tuple[Sequence, int, list[int]]],
                            entries: list[tuple[int, int, int, bool]]) -> None:
-        for seq, index in rows:
+        for seq, index, _ in rows:
             t0 = time.perf_counter()
             rc = self.model.decode([entries[index]])
-            self._learn(1, time.perf_counter() - t0)
+            self.costs.learn(1, time.perf_counter() - t0)
             self.steps += 1
             self.rows += 1
             if rc != 0:
                 log.error("llama_decode returned %d for one token", rc)
                 self._finish(seq, "error", RuntimeFailed(f"llama_decode failed ({rc})"))
                 continue
-            if seq.generated < seq.eog_banned_below:
-                self.model.ban_eog(0)
-            self._take_token(seq, seq.sampler.sample(self.model, 0))
+            self._verify(seq, 0, [])
         self.split_steps += 1
 
-    def _store_prefix(self, seq: _Seq) -> None:
+    def _store_prefix(self, seq: Sequence) -> None:
         """Keep the KV state of the prompt alone (cells from the first generated token on
         are not yet written: that token is fed in the next step)."""
         self.prefix_cache.store(seq.req.prompt, seq.req.tenant,
                                 self.model.save_state(seq.slot))
         seq.store_prefix = False
 
-    def _take_token(self, seq: _Seq, token: int) -> None:
-        req, t = seq.req, now_ns()
-        timing = req.timing
+    def _take_token(self, seq: Sequence, token: int) -> bool:
+        """Emit ``token``; False if it ended the sequence."""
+        timing, t = seq.req.timing, now_ns()
         if not timing.first_token_ns:
             timing.first_token_ns = t
         timing.token_ns.append(t)
-        if self.model.is_eog(token):  # (never while banned: its logit was -inf)
-            self._finish(seq, "stop")
-            return
-        seq.generated += 1
-        if seq.generated < seq.min_tokens:  # stop strings cannot end it yet
-            text = seq.assembler.add_unchecked(self.model.piece(token))
-        else:
-            text = seq.assembler.add(self.model.piece(token))
-        if text:
-            req.push(Delta(text, seq.generated))
-        if seq.assembler.stopped:
-            self._finish(seq, "stop")
-        elif seq.generated >= req.params.max_tokens:
-            self._finish(seq, "length")
-        else:
-            seq.next_token = token
+        # (an end of generation is never sampled while banned: its logit was -inf)
+        reason = "stop" if self.model.is_eog(token) else seq.emit(token, self.model.piece(token))
+        if reason is None:
+            return True
+        self._finish(seq, reason)
+        return False
 
-    def _finish(self, seq: _Seq, reason: str, error: SokujiError | None = None) -> None:
+    def _finish(self, seq: Sequence, reason: str, error: SokujiError | None = None) -> None:
         req = seq.req
         if reason in ("stop", "length"):
             tail = seq.assembler.flush()
@@ -431,5 +408,7 @@ class GenerationEngine:
             self.model.forget(seq.slot, len(req.prompt))  # (finished in its first step)
             self._store_prefix(seq)
         self.model.forget(seq.slot)
+        if self.spec is not None:
+            self.spec.release(seq.spec, seq.slot)
         seq.sampler.close()
         self._free.append(seq.slot)

@@ -9,6 +9,7 @@ sequences decode together in one ``llama_batch`` without attending over each oth
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import importlib.util
 import logging
 import os
@@ -42,8 +43,10 @@ def smollm2_path() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_FILE
 
 
-def requantized(source: Path, kind: str, cache_dir: str) -> Path:
-    """``source`` requantized to ``kind`` (once; cached by name, size and mtime)."""
+def requantized(source: Path, kind: str, cache_dir: str,
+                key: str = "options.requantize") -> Path:
+    """``source`` requantized to ``kind`` (once; cached by name, size and mtime); a failure
+    is a config error naming ``key``."""
     if not kind:
         return source
     L = _llama()
@@ -53,7 +56,7 @@ def requantized(source: Path, kind: str, cache_dir: str) -> Path:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     params = L.llama_model_quantize_default_params()
-    params.ftype = {"q8_0": L.LLAMA_FTYPE_MOSTLY_Q8_0}[kind]
+    params.ftype = {"q8_0": L.LLAMA_FTYPE_MOSTLY_Q8_0, "q4_0": L.LLAMA_FTYPE_MOSTLY_Q4_0}[kind]
     params.allow_requantize = True
     params.nthread = 1
     tmp = target.with_suffix(f".tmp{os.getpid()}")
@@ -61,10 +64,25 @@ def requantized(source: Path, kind: str, cache_dir: str) -> Path:
     rc = L.llama_model_quantize(str(source).encode(), str(tmp).encode(), ctypes.byref(params))
     if rc != 0:
         tmp.unlink(missing_ok=True)
-        raise ConfigError.for_key("options.requantize", kind, f"llama.cpp failed ({rc})")
+        raise ConfigError.for_key(key, kind, f"llama.cpp failed ({rc})")
     tmp.replace(target)
     log.info("requantized %s to %s in %.1f s", source.name, kind, time.perf_counter() - t0)
     return target
+
+
+def vocab_difference(a: Any, b: Any) -> str:
+    """Why two models' vocabularies differ ("": they are the same, token for token: every
+    token's text and end-of-generation flag, and whether a BOS is added)."""
+    if a.n_vocab != b.n_vocab:
+        return f"{b.n_vocab} tokens against {a.n_vocab}"
+    if a.add_bos != b.add_bos:
+        return "one adds a BOS token, the other does not"
+    if a.vocab_digest != b.vocab_digest:
+        for token in range(a.n_vocab):
+            if a.piece(token, special=True) != b.piece(token, special=True):
+                return f"token {token} differs"
+        return "end-of-generation tokens differ"
+    return ""
 
 
 _log_sink: Any = None
@@ -99,7 +117,7 @@ class ContextShape:
 class LlamaModel:
     """One GGUF model and one context of ``shape.slots`` sequences."""
 
-    def __init__(self, path: Path, shape: ContextShape) -> None:
+    def __init__(self, path: Path, shape: ContextShape, key: str = "path") -> None:
         L = _llama()
         _quiet()
         L.llama_backend_init()
@@ -108,7 +126,7 @@ class LlamaModel:
         mp = L.llama_model_default_params()
         self.model = L.llama_model_load_from_file(str(path).encode(), mp)
         if not self.model:
-            raise ConfigError.for_key("path", str(path), "llama.cpp could not load this GGUF")
+            raise ConfigError.for_key(key, str(path), "llama.cpp could not load this GGUF")
         self.vocab = L.llama_model_get_vocab(self.model)
         self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
         cp = L.llama_context_default_params()
@@ -121,7 +139,7 @@ class LlamaModel:
                               else L.LLAMA_FLASH_ATTN_TYPE_DISABLED)
         self.ctx = L.llama_init_from_model(self.model, cp)
         if not self.ctx:
-            raise ConfigError.for_key("path", str(path), "llama.cpp could not create a context")
+            raise ConfigError.for_key(key, str(path), "llama.cpp could not create a context")
         self.memory = L.llama_get_memory(self.ctx)
         self.batch = L.llama_batch_init(shape.n_batch, 0, 1)
         self.add_bos = bool(L.llama_vocab_get_add_bos(self.vocab))
@@ -129,23 +147,28 @@ class LlamaModel:
         self.eos = self._piece_text(L.llama_vocab_eos(self.vocab))
         raw = L.llama_model_chat_template(self.model, None)
         self.chat_template: str | None = raw.decode("utf-8") if raw else None
-        self.eog_ids, self.max_piece_bytes = self._scan_vocab()
+        self.eog_ids, self.max_piece_bytes, self.vocab_digest = self._scan_vocab()
         self.lossless = int(L.llama_vocab_type(self.vocab)) in (L.LLAMA_VOCAB_TYPE_SPM,
                                                                L.LLAMA_VOCAB_TYPE_BPE)
         """Whether every input byte ends up in some token's piece (byte-level BPE, SPM), so
         that a text of N bytes needs at least N / ``max_piece_bytes`` tokens. WPM and UGM
         normalise (drop or merge whitespace), so no such bound holds for them."""
 
-    def _scan_vocab(self) -> tuple[np.ndarray, int]:
-        """The end-of-generation token ids, and the longest token's text in bytes (special
-        tokens as written, since prompts are tokenised with special tokens parsed)."""
+    def _scan_vocab(self) -> tuple[np.ndarray, int, bytes]:
+        """The end-of-generation token ids, the longest token's text in bytes (special
+        tokens as written, since prompts are tokenised with special tokens parsed), and a
+        digest of every token's text and end-of-generation flag (vocabularies compared)."""
         eog, longest = [], 1
         is_eog = _llama().llama_vocab_is_eog
+        digest = hashlib.sha256()
         for token in range(self.n_vocab):
-            if is_eog(self.vocab, token):
+            piece = self.piece(token, special=True)
+            flag = bool(is_eog(self.vocab, token))
+            if flag:
                 eog.append(token)
-            longest = max(longest, len(self.piece(token, special=True)))
-        return np.asarray(eog, dtype=np.int64), longest
+            longest = max(longest, len(piece))
+            digest.update(len(piece).to_bytes(4, "little") + piece + bytes([flag]))
+        return np.asarray(eog, dtype=np.int64), longest, digest.digest()
 
     def _piece_text(self, token: int) -> str:
         return self.piece(token, special=True).decode("utf-8", "replace") if token >= 0 else ""

@@ -56,6 +56,23 @@ class Timing:
     """Prompt tokens whose KV state came from the prefix cache."""
     prefix_lookup: str = "off"
     """hit | miss | off"""
+    speculative: str = "off"
+    """How it speculated: off | ngram | draft | off sampled (temperature > 0)."""
+    steps: int = 0
+    """Decode steps that gave it tokens (without speculation: one a token)."""
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+
+    def speculation(self) -> str:
+        """Drafted and accepted tokens, the acceptance rate, and tokens per step: the
+        speed-up in steps (1.00 without speculation; in time it is less, as a step with drafts
+        costs more: see ``speculative.py``)."""
+        if self.speculative in ("off", "off sampled"):
+            return self.speculative
+        rate = self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
+        per_step = len(self.token_ns) / self.steps if self.steps else 0.0
+        return (f"{self.speculative} drafted {self.drafted_tokens} accepted "
+                f"{self.accepted_tokens} rate {rate:.2f} tokens/step {per_step:.2f}")
 
     def timing_entries(self) -> list[timing.Entry]:
         ms = 1e-6
@@ -75,6 +92,7 @@ class Timing:
             ("ttft", ttft, None),
             ("itl", itl, "mean"),
             ("prefix-cache", None, f"{self.prefix_lookup} {self.reused_tokens} tokens"),
+            ("speculative", None, self.speculation()),
             ("total", (self.end_ns - self.arrival_ns) * ms, None),
         ]
 

@@ -20,7 +20,18 @@ Options (``[models.options]``), all optional:
   (the choice depends on timing, so tests that count batching turn it off);
 - ``flash_attn`` (true): llama.cpp's fused attention; ~25% more tokens/s at 8 sequences here.
   It changes the arithmetic slightly: greedy text equals llama.cpp's own only with the same
-  setting (llama-cpp-python's ``Llama`` defaults to off).
+  setting (llama-cpp-python's ``Llama`` defaults to off);
+- ``speculative`` ("ngram"): speculative decoding of greedy requests (``speculative.py``):
+  "off", "ngram" (prompt lookup: drafts copied from the request's own context), or "draft"
+  (a draft model proposes); ``speculative_tokens`` (8): draft tokens per sequence and step,
+  at most; ``speculative_ngram_max`` / ``_min`` (4 / 2): the n-gram lengths looked up;
+  ``speculative_adaptive`` (true): draft only when the measured step costs and acceptance
+  say it pays (false: always, for tests and benchmarks of the mechanism). Needs
+  ``flash_attn``: with it a token's logits are the same whether 1 or up to 63 tokens of its
+  sequence are decoded together (measured bit-equal); without it they differ from 2 on;
+- ``draft_model`` (""): the draft model's GGUF (same vocabulary, checked at load; "": the
+  served file itself), ``draft_requantize`` ("", "q4_0", "q8_0"): served requantized.
+  ``speculative = "draft"`` needs one of the two.
 """
 
 from __future__ import annotations
@@ -28,7 +39,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -58,6 +69,13 @@ class LlamaOptions:
     chat_template: str = ""
     flash_attn: bool = True
     split_small_batches: bool = True
+    speculative: str = "ngram"
+    speculative_tokens: int = 8
+    speculative_ngram_max: int = 4
+    speculative_ngram_min: int = 2
+    speculative_adaptive: bool = True
+    draft_model: str = ""
+    draft_requantize: str = ""
 
     @classmethod
     def parse(cls, raw: Mapping[str, Any], prefix: str) -> LlamaOptions:
@@ -73,7 +91,7 @@ class LlamaOptions:
             values[key] = value
         opts = cls(**values)
         for key in ("slots", "context_size", "n_batch", "prefill_chunk", "max_new_tokens",
-                    "prefix_cache_min_tokens"):
+                    "prefix_cache_min_tokens", "speculative_tokens", "speculative_ngram_min"):
             if getattr(opts, key) < 1:
                 raise ConfigError.for_key(f"{prefix}.{key}", getattr(opts, key),
                                           "must be at least 1")
@@ -84,6 +102,15 @@ class LlamaOptions:
         if opts.requantize not in ("", "q8_0"):
             raise ConfigError.for_key(f"{prefix}.requantize", opts.requantize,
                                       'must be "" (as shipped) or "q8_0"')
+        opts._check_speculative(prefix)
+        if opts.speculative != "off" and not opts.flash_attn:
+            if "speculative" in raw:
+                raise ConfigError.for_key(f"{prefix}.speculative", opts.speculative,
+                                          "needs flash_attn = true: without it llama.cpp "
+                                          "computes a token differently when others of its "
+                                          "sequence are in the same batch, so drafts could "
+                                          "change the text")
+            opts = replace(opts, speculative="off")  # (the default gives way)
         if opts.slots > 64:
             raise ConfigError.for_key(f"{prefix}.slots", opts.slots, "must be at most 64")
         if opts.n_batch < opts.slots:
@@ -91,6 +118,32 @@ class LlamaOptions:
                                       f"must be at least slots ({opts.slots}): every step "
                                       "carries one token of each sequence")
         return opts
+
+    def _check_speculative(self, prefix: str) -> None:
+        from sokuji.llm.speculative import MODES
+
+        if self.speculative not in MODES:
+            raise ConfigError.for_key(f"{prefix}.speculative", self.speculative,
+                                      f"must be one of: {', '.join(MODES)}")
+        if self.speculative_tokens > 32:  # 1 + 32 tokens a sequence: under llama.cpp's 64
+            raise ConfigError.for_key(f"{prefix}.speculative_tokens", self.speculative_tokens,
+                                      "must be at most 32")
+        if self.speculative_ngram_max < self.speculative_ngram_min:
+            raise ConfigError.for_key(f"{prefix}.speculative_ngram_max",
+                                      self.speculative_ngram_max, "must be at least "
+                                      f"speculative_ngram_min ({self.speculative_ngram_min})")
+        if self.draft_requantize not in ("", "q4_0", "q8_0"):
+            raise ConfigError.for_key(f"{prefix}.draft_requantize", self.draft_requantize,
+                                      'must be "", "q4_0" or "q8_0"')
+        drafted = bool(self.draft_model or self.draft_requantize)
+        if self.speculative == "draft" and not drafted:
+            raise ConfigError.for_key(f"{prefix}.speculative", self.speculative,
+                                      "needs draft_model (a smaller GGUF with the same "
+                                      "vocabulary) or draft_requantize")
+        if drafted and self.speculative != "draft":
+            key = "draft_model" if self.draft_model else "draft_requantize"
+            raise ConfigError.for_key(f"{prefix}.{key}", getattr(self, key),
+                                      'is used only with speculative = "draft"')
 
     @property
     def prompt_limit(self) -> int:
@@ -133,6 +186,7 @@ class LlamaRuntime:
         self.engine: GenerationEngine = None  # type: ignore[assignment]  # set by load()
         self.chat: Any = None
         self.model: Any = None
+        self.draft: Any = None
         self.prompts: PromptBuilder = None  # type: ignore[assignment]  # set by load()
         """``llm.prompt.PromptBuilder``: request text -> prompt tokens within the limits."""
 
@@ -148,11 +202,33 @@ class LlamaRuntime:
                                     n_batch=o.n_batch, threads=o.threads or default_threads(),
                                     flash_attn=o.flash_attn)
         self.model = native.LlamaModel(path, shape)
+        draft = self._load_draft(shape) if o.speculative == "draft" else None
         self.chat = ChatTemplate(o.chat_template or self.model.chat_template,
                                  self.model.bos, self.model.eos)
         self.prompts = PromptBuilder(self.name, self.model, self.chat, o)
         self.engine = GenerationEngine(self.name, self.model, EngineConfig.from_options(
-            o, self.max_queue_depth, self.priority_aging_ms, self.max_concurrency))
+            o, self.max_queue_depth, self.priority_aging_ms, self.max_concurrency), draft)
+
+    def _load_draft(self, shape: Any) -> Any:
+        """The draft model, in a context of the same shape; refused unless its vocabulary
+        is the served model's, token for token."""
+        from sokuji.llm import native
+
+        o, key = self.options, f"models['{self.name}'].options"
+        source = Path(o.draft_model) if o.draft_model else self.source
+        if not source.is_file():
+            raise ConfigError.for_key(f"{key}.draft_model", o.draft_model, "no such file")
+        path = native.requantized(source, o.draft_requantize, self.cache_dir,
+                                  key=f"{key}.draft_requantize")
+        draft = native.LlamaModel(path, shape, key=f"{key}.draft_model")
+        differs = native.vocab_difference(self.model, draft)
+        if differs:
+            draft.close()
+            raise ConfigError.for_key(f"{key}.draft_model", str(source),
+                                      f"its vocabulary differs from the served model's "
+                                      f"({differs}): a draft model must share the tokenizer")
+        self.draft = draft
+        return draft
 
     def warmup(self) -> None:
         self.engine.warmup()
@@ -176,3 +252,6 @@ class LlamaRuntime:
             return
         self.model.close()
         self.model = None
+        if self.draft is not None:
+            self.draft.close()
+            self.draft = None

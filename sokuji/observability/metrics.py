@@ -296,6 +296,12 @@ class GenerationMetrics:
         self.prefix_reused = Counter("sokuji_llm_prefix_cache_reused_tokens",
                                      "Prompt tokens not prefilled thanks to the prefix cache.",
                                      ["model"], registry=r)
+        # -- speculative decoding (llm/speculative.py): accepted / drafted = acceptance rate
+        self.spec_drafted = Counter("sokuji_llm_spec_draft_tokens", "Draft tokens verified "
+                                    "(speculative decoding).", ["model"], registry=r)
+        self.spec_accepted = Counter("sokuji_llm_spec_accepted_tokens", "Draft tokens "
+                                     "accepted: the model's own greedy tokens, emitted without "
+                                     "a step of their own.", ["model"], registry=r)
         self.running = Gauge("sokuji_llm_running_sequences", "Sequences being generated.",
                              ["model"], registry=r)
         self.cache_bytes = Gauge("sokuji_llm_prefix_cache_bytes",
@@ -312,6 +318,9 @@ class GenerationMetrics:
     def observe(self, model: str, t: Timing, completion_tokens: int, ok: bool) -> None:
         self.prompt_tokens.labels(model).inc(t.prompt_tokens)
         self.generation_tokens.labels(model).inc(completion_tokens)
+        if t.drafted_tokens:  # speculative decoding
+            self.spec_drafted.labels(model).inc(t.drafted_tokens)
+            self.spec_accepted.labels(model).inc(t.accepted_tokens)
         if t.prefix_lookup == "hit":
             self.prefix_hits.labels(model).inc()
             self.prefix_reused.labels(model).inc(t.reused_tokens)

@@ -193,9 +193,14 @@ class Encoder:
 
     @staticmethod
     def usage(timing: Timing, completion_tokens: int) -> dict[str, Any]:
-        return {"prompt_tokens": timing.prompt_tokens, "completion_tokens": completion_tokens,
-                "total_tokens": timing.prompt_tokens + completion_tokens,
-                "prompt_tokens_details": {"cached_tokens": timing.reused_tokens}}
+        usage = {"prompt_tokens": timing.prompt_tokens, "completion_tokens": completion_tokens,
+                 "total_tokens": timing.prompt_tokens + completion_tokens,
+                 "prompt_tokens_details": {"cached_tokens": timing.reused_tokens}}
+        if timing.drafted_tokens:  # speculative decoding, in OpenAI's predicted-output terms
+            usage["completion_tokens_details"] = {
+                "accepted_prediction_tokens": timing.accepted_tokens,
+                "rejected_prediction_tokens": timing.drafted_tokens - timing.accepted_tokens}
+        return usage
 
     def whole(self, text: str, reason: str, timing: Timing, completion_tokens: int) -> bytes:
         choice: dict[str, Any] = {"index": 0, "finish_reason": reason, "logprobs": None}

@@ -8,8 +8,9 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from sokuji.llm.engine import EngineConfig, GenerationEngine, _Seq
+from sokuji.llm.engine import EngineConfig, GenerationEngine
 from sokuji.llm.request import GenerationRequest, SamplingParams
+from sokuji.llm.sequence import Sequence
 
 
 class FakeModel:
@@ -47,12 +48,12 @@ def engine() -> tuple[GenerationEngine, FakeModel]:
 
 def test_split_only_when_measured_cheaper_and_still_probed() -> None:
     eng, _ = engine()
-    assert not eng._split_is_cheaper(2)  # nothing measured yet
-    eng._learn(1, 0.010)
-    eng._learn(2, 0.030)  # 2 rows together cost more than two single rows
-    eng._learn(3, 0.020)
-    assert not eng._split_is_cheaper(3)
-    decisions = [eng._split_is_cheaper(2) for _ in range(64)]
+    assert not eng.costs.split_is_cheaper(2)  # nothing measured yet
+    eng.costs.learn(1, 0.010)
+    eng.costs.learn(2, 0.030)  # 2 rows together cost more than two single rows
+    eng.costs.learn(3, 0.020)
+    assert not eng.costs.split_is_cheaper(3)
+    decisions = [eng.costs.split_is_cheaper(2) for _ in range(64)]
     assert decisions.count(False) == 2 and all(decisions[:31])  # every 32nd step: probe
 
 
@@ -64,12 +65,12 @@ def test_row_by_row_decoding_gives_each_sequence_its_own_logits() -> None:
         for slot in (0, 1):
             req = GenerationRequest("m", [1, 2], SamplingParams(max_tokens=5, temperature=0),
                                     loop, arrival_ns=0)
-            seq = _Seq(req, slot)
+            seq = Sequence(req, slot)
             seq.pending, seq.pos, seq.next_token = [], 2, 7
             seqs.append(seq)
         eng._active = seqs
-        eng._learn(1, 0.010)
-        eng._learn(2, 0.030)
+        eng.costs.learn(1, 0.010)
+        eng.costs.learn(2, 0.030)
         eng._step()
         assert [len(c) for c in model.calls] == [1, 1] and eng.split_steps == 1
         assert [s.next_token for s in seqs] == [10, 11]  # each sampled from its own row
@@ -81,9 +82,9 @@ def test_row_by_row_decoding_gives_each_sequence_its_own_logits() -> None:
 def test_split_can_be_turned_off() -> None:
     eng = GenerationEngine("m", FakeModel(), EngineConfig(  # type: ignore[arg-type]
         prefix_cache_bytes=0, split_small_batches=False))
-    eng._learn(1, 0.010)
-    eng._learn(2, 0.030)
-    assert not any(eng._split_is_cheaper(2) for _ in range(8))
+    eng.costs.learn(1, 0.010)
+    eng.costs.learn(2, 0.030)
+    assert not any(eng.costs.split_is_cheaper(2) for _ in range(8))
 
 
 async def test_no_submission_is_taken_once_the_engine_failed_everyone() -> None:

@@ -62,7 +62,7 @@ def generate(**params: object) -> tuple[str, Finish, int]:
     try:
         req = GenerationRequest("m", [1, 2, 3], SamplingParams(temperature=0, **params),  # type: ignore[arg-type]
                                 loop, arrival_ns=0)
-        eng._waiting.append(req)
+        eng.queue.waiting.append(req)
         eng._admit(0)
         for _ in range(100):
             if not eng._active:

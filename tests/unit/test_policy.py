@@ -119,7 +119,7 @@ def engine_order(loop: asyncio.AbstractEventLoop, aging_ms: float,
     batch, inter = gen_request(loop, Priority.BATCH), gen_request(loop, Priority.INTERACTIVE)
     batch.timing.submitted_ns = now - int(waited_ms[0] * MS)
     inter.timing.submitted_ns = now - int(waited_ms[1] * MS)
-    eng._waiting = [inter, batch]
+    eng.queue.waiting = [inter, batch]
     order = []
     for _ in range(2):
         eng._admit(now)
@@ -239,7 +239,7 @@ def test_the_engines_retry_after_comes_from_the_measured_drain_rate() -> None:
     loop = asyncio.new_event_loop()
     try:
         eng, _ = engine(max_queue_depth=2)
-        eng._waiting = [gen_request(loop), gen_request(loop)]
+        eng.queue.waiting = [gen_request(loop), gen_request(loop)]
         with pytest.raises(Overloaded, match="max_queue_depth 2") as err:
             eng.check_capacity()
         assert err.value.retry_after_s == 1  # nothing measured yet
@@ -248,7 +248,7 @@ def test_the_engines_retry_after_comes_from_the_measured_drain_rate() -> None:
             eng.check_capacity()
         assert err.value.retry_after_s == 4
         eng, _ = engine(max_queue_depth=10, max_concurrency=2)
-        eng._waiting = [gen_request(loop), gen_request(loop)]
+        eng.queue.waiting = [gen_request(loop), gen_request(loop)]
         with pytest.raises(Overloaded, match="max_concurrency 2"):
             eng.check_capacity()
     finally:

@@ -1,0 +1,255 @@
+"""Speculative decoding on the real SmolLM2 model, served by a real ``sokuji serve`` and driven
+by the openai SDK: greedy text identical with and without it (prompt lookup, a draft model,
+the adaptive default; alone and batched), drafts accepted where the answer quotes its
+context, max_tokens / stop strings / ignore_eos kept when several tokens come out of one
+step, sampled requests left alone, and the figures in Server-Timing, usage and /metrics.
+
+The draft model is the served model requantized to Q4_0 (no smaller model with the same
+vocabulary is installed): it shows the mechanism, not a speed-up. Both speculating models
+draft whatever they can (``speculative_adaptive = false``), since on this CPU the adaptive
+planner rightly drafts almost nothing (a step of k tokens costs nearly k single steps).
+
+The prefix cache is off: a hit leaves the prompt's last few tokens to a kernel other than the
+one the first prefill used (llama.cpp's tiled attention needs 64 tokens of a sequence at
+once), which can change greedy text by itself, apart from speculation."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from sokuji.llm import native
+from tests.conftest import CACHE_DIR
+from tests.integration.serving import sokuji_server
+
+pytestmark = pytest.mark.integration
+
+MODELS = {
+    "plain": 'speculative = "off"',
+    "ngram": 'speculative = "ngram"\nspeculative_adaptive = false',
+    "draft": 'speculative = "draft"\ndraft_requantize = "q4_0"\nspeculative_tokens = 4\n'
+             'speculative_adaptive = false',
+    "auto": "",  # the defaults
+}
+CONFIG = f'cache_dir = "{CACHE_DIR}"\n' + "".join(f"""
+[[models]]
+name = "{name}"
+runtime = "llama"
+path = "{native.smollm2_path()}"
+cache = false
+[models.options]
+slots = 4
+context_size = 1024
+max_new_tokens = 256
+threads = 1
+prefix_cache_mb = 0
+{options}
+""" for name, options in MODELS.items())
+
+PASSAGE = ("The lighthouse at Skerry Point was built in 1852 from granite quarried on the "
+           "island. Its lamp burned whale oil until 1901, when a paraffin burner replaced it, "
+           "and the keeper lived with his family in a cottage at the foot of the tower. In "
+           "winter storms the waves reached the gallery, and the keeper logged every ship "
+           "that passed in a leather book.")
+COPY: Any = [{"role": "system", "content": "You repeat text exactly."},
+             {"role": "user", "content": f"Repeat this passage word for word:\n\n{PASSAGE}"}]
+QUOTE: Any = [{"role": "system", "content": "Answer by quoting the context."},
+              {"role": "user", "content": f"Context: {PASSAGE}\n\nWhat happened in 1901? "
+                                          "Quote the sentence."}]
+FREE: list[Any] = [
+    [{"role": "user", "content": "Write a long story about a lighthouse keeper."}],
+    [{"role": "system", "content": "You are a helpful assistant."},
+     {"role": "user", "content": "What is the capital of France?"}],
+]
+TEXTS = ["def fibonacci(n):", "Count from 1 to 1000, separated by commas: 1, 2, 3, 4, 5,"]
+
+
+@pytest.fixture(scope="module")
+def url() -> Iterator[str]:
+    with sokuji_server(CONFIG) as base:
+        yield base
+
+
+@pytest.fixture(scope="module")
+def client(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+
+
+def chat(client: openai.OpenAI, model: str, messages: Any, **kw: Any) -> tuple[str, Any, str]:
+    """(text, the parsed reply, its Server-Timing 'speculative' description)"""
+    raw = client.chat.completions.with_raw_response.create(
+        model=model, messages=messages, temperature=kw.pop("temperature", 0), **kw)
+    reply = raw.parse()
+    return reply.choices[0].message.content or "", reply, speculation(raw.headers)
+
+
+def complete(client: openai.OpenAI, model: str, prompt: str, **kw: Any) -> str:
+    return client.completions.create(model=model, prompt=prompt, temperature=0,
+                                     **kw).choices[0].text
+
+
+def speculation(headers: Any) -> str:
+    """The ``speculative`` entry's description, e.g. 'ngram drafted 40 accepted 32 ...'."""
+    for part in headers["server-timing"].split(","):
+        name, _, rest = part.strip().partition(";")
+        if name == "speculative":
+            return rest.split('desc="', 1)[1].rstrip('"')
+    raise AssertionError("no speculative entry in Server-Timing")
+
+
+def figures(desc: str) -> dict[str, float]:
+    words = desc.split()
+    return {k: float(v) for k, v in zip(words[1::2], words[2::2], strict=True)}
+
+
+def metric(url: str, name: str, model: str) -> float:
+    text = httpx.get(f"{url}/metrics").text
+    return sum(float(line.split()[-1]) for line in text.splitlines()
+               if line.startswith(name) and f'model="{model}"' in line)
+
+
+@pytest.mark.parametrize("messages", [COPY, QUOTE, *FREE])
+def test_greedy_chat_text_is_identical_with_and_without_speculation(
+        client: openai.OpenAI, messages: Any) -> None:
+    texts = {m: chat(client, m, messages, max_tokens=96)[0] for m in MODELS}
+    assert texts["plain"] and all(t == texts["plain"] for t in texts.values()), texts
+
+
+@pytest.mark.parametrize("prompt", TEXTS)
+def test_greedy_completion_text_is_identical_with_and_without_speculation(
+        client: openai.OpenAI, prompt: str) -> None:
+    texts = {m: complete(client, m, prompt, max_tokens=96) for m in MODELS}
+    assert all(t == texts["plain"] for t in texts.values()), texts
+
+
+def test_identical_when_batched_with_other_sequences(client: openai.OpenAI) -> None:
+    # More requests than slots, different lengths: speculating sequences share steps with
+    # others, finish at different steps and move between slots.
+    jobs = [(m, n) for n in (24, 80) for m in (COPY, QUOTE, *FREE)]
+    expected = [chat(client, "plain", m, max_tokens=n)[0] for m, n in jobs]
+    for model in ("ngram", "draft"):
+        with ThreadPoolExecutor(6) as pool:
+            got = list(pool.map(lambda job, m=model: chat(client, m, job[0],
+                                                          max_tokens=job[1])[0], jobs))
+        assert got == expected, model
+
+
+def test_a_copy_heavy_answer_accepts_drafts_and_says_so(client: openai.OpenAI,
+                                                        url: str) -> None:
+    for model in ("ngram", "draft"):
+        before = {m: metric(url, m, model) for m in (
+            "sokuji_llm_spec_draft_tokens_total", "sokuji_llm_spec_accepted_tokens_total")}
+        text, reply, desc = chat(client, model, COPY, max_tokens=128)
+        assert "granite quarried" in text  # it does quote the passage
+        f = figures(desc)
+        assert desc.startswith(model) and f["accepted"] > 0 and f["drafted"] >= f["accepted"]
+        assert f["rate"] == pytest.approx(f["accepted"] / f["drafted"], abs=0.005)
+        assert f["tokens/step"] > 1.5  # several tokens a step
+        details = reply.usage.completion_tokens_details
+        assert details.accepted_prediction_tokens == f["accepted"]
+        assert details.rejected_prediction_tokens == f["drafted"] - f["accepted"]
+        assert metric(url, "sokuji_llm_spec_draft_tokens_total", model) == \
+            before["sokuji_llm_spec_draft_tokens_total"] + f["drafted"]
+        assert metric(url, "sokuji_llm_spec_accepted_tokens_total", model) == \
+            before["sokuji_llm_spec_accepted_tokens_total"] + f["accepted"]
+    _, reply, desc = chat(client, "plain", COPY, max_tokens=16)
+    assert desc == "off" and reply.usage.completion_tokens_details is None
+
+
+@pytest.mark.parametrize("model", ["ngram", "draft"])
+def test_max_tokens_and_stop_strings_hold_inside_accepted_runs(client: openai.OpenAI,
+                                                               model: str) -> None:
+    full = chat(client, "plain", COPY, max_tokens=96)[0]
+    for n in (1, 5, 11, 30):  # cut inside runs a single step would accept
+        text, reply, _ = chat(client, model, COPY, max_tokens=n)
+        plain, plain_reply, _ = chat(client, "plain", COPY, max_tokens=n)
+        assert text == plain and reply.usage.completion_tokens == n == \
+            plain_reply.usage.completion_tokens
+        assert reply.choices[0].finish_reason == "length"
+    stop = "paraffin"
+    assert stop in full
+    text, reply, desc = chat(client, model, COPY, max_tokens=96, stop=[stop])
+    assert text == full[:full.index(stop)] and reply.choices[0].finish_reason == "stop"
+    assert figures(desc)["accepted"] > 0
+    stream = client.chat.completions.create(model=model, messages=COPY, temperature=0,
+                                            max_tokens=96, stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == full
+
+
+@pytest.mark.parametrize("model", ["ngram", "draft"])
+def test_ignore_eos_runs_past_where_a_draft_would_end(client: openai.OpenAI,
+                                                      model: str) -> None:
+    # The passage's end is followed by <|im_end|> in the prompt, so drafts propose the end
+    # of generation there; with ignore_eos it must be rejected, not emitted.
+    plain = chat(client, "plain", COPY, max_tokens=110, extra_body={"ignore_eos": True})
+    got = chat(client, model, COPY, max_tokens=110, extra_body={"ignore_eos": True})
+    assert got[0] == plain[0] and got[1].usage.completion_tokens == 110
+    ended = chat(client, "plain", COPY, max_tokens=110)[1].usage.completion_tokens
+    assert ended < 110  # without ignore_eos the answer ends sooner
+    least = chat(client, model, COPY, max_tokens=110, extra_body={"min_tokens": ended + 5})
+    want = chat(client, "plain", COPY, max_tokens=110, extra_body={"min_tokens": ended + 5})
+    assert least[0] == want[0] and least[1].usage.completion_tokens >= ended + 5
+
+
+def test_sampled_requests_do_not_speculate_and_still_repeat(client: openai.OpenAI) -> None:
+    kw: Any = {"temperature": 0.8, "top_p": 0.95, "seed": 42, "max_tokens": 40}
+    first = chat(client, "ngram", COPY, **kw)
+    second = chat(client, "ngram", COPY, **kw)
+    assert first[2] == "off sampled" and first[0] == second[0]
+    assert chat(client, "plain", COPY, **kw)[0] == first[0]  # the same draws as without it
+
+
+def test_a_long_prompts_text_does_not_depend_on_what_else_runs(client: openai.OpenAI) -> None:
+    # Prompts of 64 tokens or more are prefilled by llama.cpp's tiled attention; pieces cut by
+    # what else is in the step, or shared with other sequences' tokens, used to take the row
+    # kernel for some tokens (logits apart by up to ~1): 2 of these 8 answers changed.
+    jobs = [[{"role": "system", "content": "You repeat text exactly."},
+             {"role": "user", "content": f"Repeat this passage word for word:\n\n{p}"}]
+            for p in PASSAGES]
+    for model in ("plain", "ngram"):
+        alone = [chat(client, model, job, max_tokens=120)[0] for job in jobs]
+        with ThreadPoolExecutor(8) as pool:  # more than the 4 slots: they join mid-flight
+            together = list(pool.map(
+                lambda job, m=model: chat(client, m, job, max_tokens=120)[0], jobs))
+        assert together == alone, model
+
+
+PASSAGES = [  # (as in benchmarks/speculative.py)
+    "The lighthouse at Skerry Point was built in 1852 from granite quarried on the island. "
+    "Its lamp burned whale oil until 1901, when a paraffin burner replaced it, and the keeper "
+    "lived with his family in a cottage at the foot of the tower. In winter storms the waves "
+    "reached the gallery, and the keeper logged every ship that passed in a leather book.",
+    "Every Saturday morning the market square in Alder Bridge fills with stalls. Farmers "
+    "bring apples, honey and goat cheese from the hills, and a baker sells rye bread from the "
+    "back of a blue van. By noon the fishmonger has run out of trout, the flower seller packs "
+    "up her tulips, and the town band plays two songs on the steps of the old library.",
+    "Mara repaired clocks in a narrow shop on Wren Street. She kept every broken spring in a "
+    "glass jar and every lost key in a drawer marked with the year she found it. Customers "
+    "waited on a wooden bench while she worked, listening to forty clocks tick at once, and "
+    "she never charged more than a loaf of bread for cleaning a pocket watch.",
+    "The night train to Valen leaves the central station at ten past eleven. It has six "
+    "sleeping cars, a dining car that serves soup until midnight, and a conductor who knows "
+    "every passenger by name. At dawn the train climbs through pine forests, crosses a long "
+    "iron bridge over the river, and arrives in Valen just as the bakeries open.",
+    "Our garden has three raised beds and a small greenhouse. In spring we plant peas, "
+    "lettuce and radishes, and in summer the tomatoes grow taller than the fence. The "
+    "greenhouse keeps the peppers warm through September, and every autumn we dig up the "
+    "potatoes together, count them on the kitchen table, and store them in the cellar.",
+    "The museum opens at nine and closes at five, except on Thursdays, when it stays open "
+    "until eight. Tickets cost twelve euros for adults and are free for children under ten. "
+    "The dinosaur hall is on the ground floor, the painting galleries are on the first floor, "
+    "and the cafe on the roof serves coffee, sandwiches and lemon cake.",
+    "When the river froze in January, the whole village walked out onto the ice. Children "
+    "pulled sledges, the blacksmith cut a hole to fish for pike, and the mayor set up a table "
+    "with hot cider and chestnuts. The ice held for eleven days, and on the twelfth day it "
+    "cracked with a sound like thunder and drifted slowly out to sea.",
+    "Tomas learned to sail on a small wooden boat called the Heron. His grandmother taught "
+    "him to read the wind on the water, to tie a bowline with his eyes closed, and to always "
+    "carry a spare rope. By the age of fourteen he could cross the bay alone, and by sixteen "
+    "he was racing against the fishermen every Sunday afternoon.",
+]
