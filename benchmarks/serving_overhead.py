@@ -15,6 +15,9 @@ other, and the figures pool all rounds. Prints and writes (JSON):
   (a) Sokuji saturated throughput / raw best throughput        (short ~12, long ~120 tokens)
   (b) Sokuji p50 at concurrency 1 - raw single-call p50, in ms (short, long)
   (c) Sokuji saturated throughput, length-aware / first-come   (mixed 5-200 tokens)
+and, to explain them, Sokuji's server stages at c=1 (Server-Timing) and the CPU per item at
+saturation: the raw runtime's, and the server's event loop thread and worker threads' (from
+/proc). ``--parts`` runs only some of the comparisons.
 """
 
 from __future__ import annotations
@@ -80,12 +83,13 @@ def raw_worker_main(core: int, cache_dir: str) -> None:
         if order == "sorted":  # offline ceiling for length grouping
             texts = sorted(texts, key=lambda t: len(rt.preprocess([t]).data[0]))
         batches = [texts[i:i + bs] for i in range(0, len(texts) - bs + 1, bs)]
-        items, done, start = 0, 0, time.perf_counter()
+        items, done, start, cpu0 = 0, 0, time.perf_counter(), time.process_time()
         while time.perf_counter() - start < seconds or done < 3:
             chunk = batches[done % len(batches)]
             rt.run_batch([rt.preprocess([t]) for t in chunk])
             items, done = items + len(chunk), done + 1
-        return {"items": items, "seconds": time.perf_counter() - start}
+        return {"items": items, "seconds": time.perf_counter() - start,
+                "cpu_s": time.process_time() - cpu0}
 
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
@@ -166,11 +170,25 @@ def overhead(args: argparse.Namespace, raw: RawRuntime, dataset: str) -> dict[st
         for i in range(args.rounds):
             raw_rounds.append(raw.call(cmd="throughput", dataset=dataset, bs=best,
                                        seconds=seconds))
+            assert sokuji.proc is not None
+            cpu0 = thread_cpu_s(sokuji.proc.pid)
             sok_rounds.append(asyncio.run(closed_loop(sokuji.port, bodies, concurrency,
                                                       args.warmup_seconds, seconds)))
+            sok_rounds[-1]["server_cpu_s"] = {
+                k: v - cpu0.get(k, 0.0) for k, v in thread_cpu_s(sokuji.proc.pid).items()}
             print(f"[{dataset}] round {i + 1}: raw {pooled_rate(raw_rounds[-1:]):.1f}/s, "
                   f"sokuji {pooled_rate(sok_rounds[-1:]):.1f}/s", flush=True)
     sok_lat = [x for r in sok_rounds for x in r.pop("latencies_ms")]
+    # CPU per item: the raw runtime's, and the server's event loop thread and other threads
+    # (batch workers) over the whole closed loop, its warm-up included (items there counted
+    # at the window's rate).
+    sok_items = sum(r["items"] / r["seconds"] * (args.warmup_seconds + seconds)
+                    for r in sok_rounds)
+    out["cpu_ms_per_item"] = {
+        "raw": 1e3 * sum(r["cpu_s"] for r in raw_rounds) / sum(r["items"] for r in raw_rounds),
+        "sokuji_loop": 1e3 * sum(r["server_cpu_s"]["loop"] for r in sok_rounds) / sok_items,
+        "sokuji_threads": 1e3 * sum(r["server_cpu_s"]["threads"] for r in sok_rounds)
+        / sok_items}
     out["saturated"] = {
         "raw_items_per_s": pooled_rate(raw_rounds), "sokuji_items_per_s": pooled_rate(sok_rounds),
         "sokuji_p50_ms": statistics.median(sok_lat), "sokuji_p99_ms": percentile(sok_lat, 99),
@@ -205,6 +223,22 @@ def length_vs_fifo(args: argparse.Namespace, raw: RawRuntime) -> dict[str, Any]:
     return out
 
 
+def thread_cpu_s(pid: int) -> dict[str, float]:
+    """CPU seconds of a process: its main thread (the event loop) as ``loop``, the sum of
+    the others (batch workers, and whatever else runs) as ``threads``. Linux /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {"loop": 0.0, "threads": 0.0}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+        except OSError:  # the thread ended meanwhile
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        out["loop" if int(tid) == pid else "threads"] += \
+            (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -219,6 +253,8 @@ def main() -> None:
                    help="in-flight requests for the mixed run: the queue the batcher chooses from")
     p.add_argument("--mixed-seconds", type=float, default=15.0,
                    help="per mixed round: long enough for the deep queue to turn over")
+    p.add_argument("--parts", default="short,long,mixed",
+                   help="which comparisons to run: short, long (figures a and b), mixed (c)")
     p.add_argument("--server-core", type=int, default=1)
     p.add_argument("--client-core", type=int, default=0)
     p.add_argument("--cache-dir", default=str(ROOT / ".cache" / "sokuji"))
@@ -238,17 +274,20 @@ def main() -> None:
         "machine": {"cpu": _cpu_name(), "cores": os.cpu_count(),
                     "python": platform.python_version()},
         "settings": {k: v for k, v in vars(args).items() if k != "raw_worker"}}
+    parts = args.parts.split(",")
+    datasets = [d for d in ("short", "long") if d in parts]
     raw = RawRuntime(args)
     try:
-        for dataset in ("short", "long"):
+        for dataset in datasets:
             report[dataset] = overhead(args, raw, dataset)
-        report["mixed"] = length_vs_fifo(args, raw)
+        if "mixed" in parts:
+            report["mixed"] = length_vs_fifo(args, raw)
     finally:
         raw.close()
 
     ratios: dict[str, float] = {}
     explain: dict[str, float] = {}
-    for dataset in ("short", "long"):
+    for dataset in datasets:
         r = report[dataset]
         ratios[f"a_throughput_ratio_{dataset}"] = \
             r["saturated"]["sokuji_items_per_s"] / r["saturated"]["raw_items_per_s"]
@@ -257,10 +296,12 @@ def main() -> None:
         explain[f"http_floor_p50_ms_{dataset}"] = r["c1"]["http_floor"]["p50_ms"]
         explain[f"sokuji_minus_floor_ms_{dataset}"] = \
             ratios[f"b_c1_p50_overhead_ms_{dataset}"] - r["c1"]["http_floor"]["p50_ms"]
-    m = report["mixed"]
-    ratios["c_length_over_fifo_mixed"] = m["length"]["items_per_s"] / m["fifo"]["items_per_s"]
-    explain["raw_sorted_over_arrival_mixed"] = \
-        m["raw_items_per_s"]["sorted"] / m["raw_items_per_s"]["arrival"]
+    m = report.get("mixed")
+    if m is not None:
+        ratios["c_length_over_fifo_mixed"] = \
+            m["length"]["items_per_s"] / m["fifo"]["items_per_s"]
+        explain["raw_sorted_over_arrival_mixed"] = \
+            m["raw_items_per_s"]["sorted"] / m["raw_items_per_s"]["arrival"]
     report["ratios"], report["explain"] = ratios, explain
 
     out = Path(args.out)
@@ -271,12 +312,15 @@ def main() -> None:
         print(f"{key:<44}{value:>12.3f}{TARGETS[key[0]]:>12}")
     for key, value in explain.items():
         print(f"{key:<44}{value:>12.3f}")
-    for dataset in ("short", "long"):
+    for dataset in datasets:
         stages = report[dataset]["c1"]["sokuji"]["server_stage_mean_ms"]
         print(f"server stages at c=1, {dataset} (mean ms): "
               + ", ".join(f"{k} {v:.3f}" for k, v in stages.items()))
-    for policy in ("length", "fifo"):
-        r = m[policy]
+        cpu = report[dataset]["cpu_ms_per_item"]
+        print(f"CPU per item saturated, {dataset} (ms): raw {cpu['raw']:.3f}; sokuji event "
+              f"loop {cpu['sokuji_loop']:.3f} + worker threads {cpu['sokuji_threads']:.3f}")
+    for policy in ("length", "fifo") if m is not None else ():
+        r = report["mixed"][policy]
         print(f"mixed {policy:<6} {r['items_per_s']:7.1f} req/s  p50 {r['p50_ms']:7.0f} ms  "
               f"p99 {r['p99_ms']:7.0f} ms  max {r['max_ms']:7.0f} ms  errors {r['errors']}")
     print(f"raw JSON: {out}")

@@ -97,6 +97,10 @@ class ModelConfig(_Table, frozen=True):
     default_timeout_ms: ZeroOrMoreS = 0.0
     """Deadline for requests that set none; 0: none."""
     priority_aging_ms: ZeroOrMoreS = 1000.0
+    inline_max_ms: ZeroOrMoreS = 50.0
+    """A request that finds the model idle runs on the event loop thread, without a thread
+    hand-off, when requests of its size were measured to take at most this long (the loop
+    does nothing else meanwhile); 0: every batch runs in a worker thread."""
     warmup: bool = True
     cache: bool = True
     """Cache this model's responses (the server-wide [cache] must be enabled too)."""

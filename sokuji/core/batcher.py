@@ -2,41 +2,41 @@
 
 Contracts:
 - **Work-conserving.** When a model instance is free and nothing else runs, the queued requests
-  start at once: low load pays no batching delay. Requests that arrive while a batch runs form
-  the next batch. ``max_queue_delay_ms`` only applies while another instance of the same model
-  is busy (``instances > 1``): then a partial batch waits at most that long for company.
-- **Bounded batches.** A batch holds at most ``max_batch_size`` items and at most
-  ``max_batch_tokens`` padded positions (items x longest length). A single request larger than
-  the token budget still runs, alone.
-- **Length-aware forming** (policy ``length``): the oldest queued request always goes into the
-  next batch (so no request waits behind more than the queue ahead of it: no starvation), and
-  the rest of the batch is filled with the queued requests closest to it in length, which keeps
-  padding low. Policy ``fifo`` takes requests strictly in arrival order.
+  start at once (those read in the same turn of the event loop together): low load pays no
+  batching delay. Requests that arrive while a batch runs form the next batch.
+  ``max_queue_delay_ms`` only applies while another instance of the same model is busy
+  (``instances > 1``): then a partial batch waits at most that long for company.
+- **Batches** hold at most ``max_batch_size`` items and ``max_batch_tokens`` padded positions,
+  formed around the request that goes first, length-aware or first-come (``core/forming.py``).
 - **Scheduling policy** (``core/policy.py``, shared with the generation engine): admission
   (``max_queue_depth``, ``max_concurrency``: ``Overloaded`` at once, Retry-After from the
   measured drain rate), priorities with aging, and deadlines that bound the start (a request
   that cannot start in time is refused, one still queued at its deadline is failed then and
   never takes a batch slot). Work here is counted in items.
+- **Where a batch runs.** In a worker thread (``core/workers.py``), so the event loop stays
+  free, except a lone request at an idle model whose size was measured to run within
+  ``inline_max_ms`` (``core/inline.py``): it runs on the event loop thread itself, with no
+  thread hand-off. Requests that arrive meanwhile wait in the socket buffers; they are read
+  together afterwards and form the next batch, in a worker.
 - Results come back in the order of each request's items. A failing batch fails only its own
-  requests. ``run_batch`` runs in a worker thread, so the event loop stays free.
+  requests.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import os
-import queue
-import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
 from sokuji.config import BatchPolicy, ModelConfig
-from sokuji.core import policy
+from sokuji.core import forming, policy
+from sokuji.core.forming import BatchInfo
+from sokuji.core.inline import LoopGate
 from sokuji.core.request import InferenceRequest, Prepared, Stage
+from sokuji.core.workers import Workers
 from sokuji.errors import DeadlineExceeded, ModelNotReady, RuntimeFailed, SokujiError
 
 log = logging.getLogger(__name__)
@@ -60,8 +60,11 @@ class BatcherConfig:
     max_concurrency: int = _MODEL.max_concurrency
     """Requests admitted (queued or running) at once; 0: bounded by the queue depth only."""
     priority_aging_ms: float = _MODEL.priority_aging_ms
-    worker_nice: int = 5
-    """Niceness added to the worker threads (Linux), so the event loop wins the CPU."""
+    inline_max_ms: float = _MODEL.inline_max_ms
+    """A lone request measured to run within this long runs on the event loop (0: never)."""
+    worker_nice: int = 0
+    """Niceness added to the worker threads (Linux). 0: a niced worker lost half its core to
+    any busy neighbour process (throughput 0.51 of the raw runtime's, c=1 latency +8 ms)."""
 
     @classmethod
     def from_model(cls, mc: ModelConfig) -> BatcherConfig:
@@ -71,20 +74,10 @@ class BatcherConfig:
         return cls(policy=mc.batching, **{name: getattr(mc, name) for name in same})
 
 
-@dataclass(frozen=True)
-class BatchInfo:
-    """What one dispatched batch looked like; published as metrics."""
-
-    num_requests: int
-    num_items: int
-    padded_tokens: int
-    real_tokens: int
-
-
 class _Entry:
     """A queued request, and its caller's handle (``core.model.Submission``)."""
 
-    __slots__ = ("batcher", "dispatched_ns", "future", "released", "request", "timer")
+    __slots__ = ("batcher", "dispatched_ns", "future", "released", "request", "timer", "waits")
 
     def __init__(self, batcher: DynamicBatcher, request: InferenceRequest,
                  future: asyncio.Future[Any]) -> None:
@@ -94,10 +87,16 @@ class _Entry:
         self.timer: asyncio.TimerHandle | None = None
         self.dispatched_ns = 0
         self.released = False
+        self.waits = False
+        """It found the model idle: its start is deferred by one turn of the loop."""
 
     async def result(self) -> Any:
         """The runtime's output for the request's items, in their order."""
         try:
+            if self.waits:
+                # Yield once: the deferred start (scheduled before) runs first, so a lone
+                # request run on the loop is already done when this resumes (no second turn).
+                await asyncio.sleep(0)
             return await self.future
         except asyncio.CancelledError:
             self.cancel()
@@ -128,10 +127,9 @@ class _Entry:
 
 
 class DynamicBatcher:
-    """Batches are formed synchronously, the moment something can run: when a request arrives
-    at an idle model, and when a running batch completes. No scheduler task sits between a
-    request and its worker thread; results come back through ``call_soon_threadsafe``.
-    """
+    """Batches are formed synchronously, the moment something can run: one turn of the loop
+    after a request arrives at an idle model, and when a running batch completes. No
+    scheduler task sits between a request and its worker thread."""
 
     def __init__(self, name: str, run_batch: RunBatch, config: BatcherConfig,
                  on_batch: Callable[[BatchInfo], None] | None = None) -> None:
@@ -143,11 +141,14 @@ class DynamicBatcher:
         self._busy = 0
         self._slot_free_since_ns = 0
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._jobs: queue.SimpleQueue[list[_Entry] | None] = queue.SimpleQueue()
-        self._threads: list[threading.Thread] = []
-        self._exited: list[str] = []
-        """Worker threads that have ended (appended by each as it ends: atomic)."""
+        self._workers: Workers[list[_Entry]] = Workers(
+            name, config.instances, config.worker_nice, self._run_entries, self._complete,
+            self._fail_stranded)
         self._timer: asyncio.TimerHandle | None = None
+        self._start_pending = False
+        """A deferred start of an idle model is scheduled (``_start_idle``)."""
+        self.gate = LoopGate(config.inline_max_ms / 1e3 if config.instances == 1 else 0.0)
+        """When a lone request runs on the event loop (``core/inline.py``)."""
         self._idle = asyncio.Event()
         self._admitted = 0
         self._admission = policy.Admission(name, config.max_queue_depth,
@@ -164,10 +165,6 @@ class DynamicBatcher:
         return self._busy
 
     @property
-    def running(self) -> bool:
-        return self._loop is not None
-
-    @property
     def num_admitted(self) -> int:
         """Requests submitted and not yet answered (queued or running)."""
         return self._admitted
@@ -175,7 +172,7 @@ class DynamicBatcher:
     @property
     def alive(self) -> bool:
         """Started, and every worker thread is alive."""
-        return self._loop is not None and not self._exited
+        return self._loop is not None and self._workers.alive
 
     @property
     def drain_items_per_s(self) -> float:
@@ -208,12 +205,7 @@ class DynamicBatcher:
         self._loop = asyncio.get_running_loop()
         self._slot_free_since_ns = time.perf_counter_ns()
         self._idle.set()
-        self._exited = []
-        for i in range(self.config.instances):
-            thread = threading.Thread(target=self._work, name=f"sokuji-{self.name}-{i}",
-                                      daemon=True)
-            thread.start()
-            self._threads.append(thread)
+        self._workers.start(self._loop)
 
     async def stop(self) -> None:
         """Stop taking requests; let running batches finish; fail what is still queued."""
@@ -227,15 +219,12 @@ class DynamicBatcher:
                 entry.future.set_exception(RuntimeFailed(f"model '{self.name}' stopped"))
         self._queue.clear()
         await self._idle.wait()
-        for _ in self._threads:
-            self._jobs.put(None)
-        for thread in self._threads:
-            thread.join()
-        self._threads.clear()
+        self._workers.stop()
 
     def enqueue(self, request: InferenceRequest) -> _Entry:
         """Admit and queue ``request`` (``Overloaded``, ``DeadlineExceeded`` at once);
-        its handle's ``result()`` must then be awaited."""
+        its handle's ``result()`` must then be awaited (already done if the request ran on
+        the loop, ``core/inline.py``)."""
         loop = self._loop
         if loop is None:
             raise RuntimeFailed(f"model '{self.name}' is not running")
@@ -248,8 +237,19 @@ class DynamicBatcher:
                                           self._expire, entry)
         self._queue.append(entry)
         self._admitted += 1
-        self._dispatch()
+        if self._busy or not self.gate.limit_s:
+            self._dispatch()
+        elif self.gate.fresh and len(self._queue) == 1 and self._fits(request):
+            self._run_inline()  # the handle's result is ready when this returns
+        else:  # idle, but the loop was just held (or others queued in this turn): a burst is
+            entry.waits = True  # read in one turn and forms one batch (``LoopGate.held``)
+            if not self._start_pending:
+                self._start_pending = True
+                loop.call_soon(self._start_idle)
         return entry
+
+    def _fits(self, request: InferenceRequest) -> bool:
+        return self.gate.allows(request.num_items * request.length)
 
     async def submit(self, request: InferenceRequest) -> Any:
         """Queue ``request``; return the runtime's output for its items, in their order."""
@@ -267,7 +267,7 @@ class DynamicBatcher:
     def _dispatch(self) -> None:
         """Hand batches to free instances while there is work; never waits."""
         while self._queue and self._busy < self.config.instances:
-            if self._busy and not self._full_batch_queued():
+            if self._busy and self.queued_items() < self.config.max_batch_size:
                 # Another instance is busy: a partial batch waits a bounded time for company.
                 deadline_ns = self._queue[0].request.enqueued_ns \
                     + int(self.config.max_queue_delay_ms * 1e6)
@@ -281,54 +281,63 @@ class DynamicBatcher:
                 return
             self._busy += 1
             self._idle.clear()
-            self._jobs.put(batch)
+            self._workers.submit(batch)
+
+    def _start_idle(self) -> None:
+        """The deferred start of an idle model: on the loop, or in a worker as usual."""
+        self._start_pending = False
+        if self._loop is None or self._busy:
+            return
+        if len(self._queue) == 1 and self._fits(self._queue[0].request):
+            self._run_inline()
+        else:
+            self._dispatch()
+
+    def _run_inline(self) -> None:
+        """Run the one queued request on this, the event loop's, thread."""
+        batch = self._form_batch()
+        if not batch:
+            return
+        self._busy += 1
+        self._idle.clear()
+        outputs: list[Any] | None = None
+        error: BaseException | None = None
+        start_ns = time.perf_counter_ns()
+        try:
+            outputs = self._run_entries(batch)
+        except Exception as exc:  # noqa: BLE001 - delivered to the request, as from a worker
+            error = exc
+        except BaseException as exc:  # interrupted: answer the request, then propagate
+            self._complete(batch, None, exc, time.perf_counter_ns(), 0)
+            raise
+        finally:
+            self.gate.held(self._loop)
+        done_ns = time.perf_counter_ns()
+        self._complete(batch, outputs, error, done_ns, done_ns - start_ns)
+
+    def _run_entries(self, batch: list[_Entry]) -> list[Any]:
+        return self._run_batch([e.request.payload for e in batch])
 
     def _on_timer(self) -> None:
         self._timer = None
         self._dispatch()
 
-    def _full_batch_queued(self) -> bool:
-        items = sum(e.request.num_items for e in self._queue)
-        return items >= self.config.max_batch_size
-
     def _form_batch(self) -> list[_Entry]:
-        now_ns = time.perf_counter_ns()
+        """Take the next batch out of the queue (``core/forming.py``) and stamp its start."""
         live = [e for e in self._queue if not e.future.done()]
         if not live:
             self._queue.clear()
             return []
-        aging_ns = self._aging_ns
-        prank = policy.rank
-
-        def rank(e: _Entry) -> int:
-            return prank(e.request.priority, now_ns - e.request.enqueued_ns, aging_ns)
-
-        head = min(live, key=lambda e: (rank(e), e.request.enqueued_ns))
-        rest = [e for e in live if e is not head]
-        if self.config.policy is BatchPolicy.LENGTH:
-            anchor = head.request.length
-            rest.sort(key=lambda e: (rank(e), abs(e.request.length - anchor)))
+        cfg = self.config
+        choice = forming.choose([e.request for e in live], cfg.policy, cfg.max_batch_size,
+                                cfg.max_batch_tokens, self._aging_ns, time.perf_counter_ns())
+        chosen = [live[i] for i in choice.indices]
+        if len(chosen) == len(live):
+            self._queue = []
         else:
-            rest.sort(key=lambda e: (rank(e), e.request.enqueued_ns))
-        chosen = [head]
-        items = head.request.num_items
-        longest = head.request.length
-        strict = self.config.policy is BatchPolicy.FIFO
-        for entry in rest:
-            if items >= self.config.max_batch_size:
-                break
-            req = entry.request
-            new_items = items + req.num_items
-            new_longest = max(longest, req.length)
-            if new_items > self.config.max_batch_size or \
-                    new_items * new_longest > self.config.max_batch_tokens:
-                if strict:
-                    break
-                continue
-            chosen.append(entry)
-            items, longest = new_items, new_longest
-        taken = set(map(id, chosen))
-        self._queue = [e for e in live if id(e) not in taken]
+            taken = set(choice.indices)
+            self._queue = [e for i, e in enumerate(live) if i not in taken]
+        items, longest = choice.items, choice.longest
 
         dispatch_ns = time.perf_counter_ns()
         for entry in chosen:
@@ -339,31 +348,19 @@ class DynamicBatcher:
             tl = entry.request.timeline
             tl.mark(Stage.QUEUE, max(entry.request.enqueued_ns, self._slot_free_since_ns))
             tl.mark(Stage.BATCH, dispatch_ns)
-        if self._on_batch is not None:
-            self._on_batch(BatchInfo(
+        if self._on_batch is not None and self._loop is not None:
+            # Published a turn later: metrics never delay a batch (nor, on the loop, a reply).
+            self._loop.call_soon(self._on_batch, BatchInfo(
                 num_requests=len(chosen), num_items=items, padded_tokens=items * longest,
                 real_tokens=sum(e.request.payload.num_tokens for e in chosen
                                 if isinstance(e.request.payload, Prepared))))
         return chosen
 
-    def _work(self) -> None:
-        """Worker thread: run batches, post results back to the event loop. However it ends,
-        it says so (``alive`` turns false: the model is no longer ready)."""
-        held: list[list[_Entry]] = []
-        try:
-            self._work_until_stopped(held)
-        finally:
-            self._exited.append(threading.current_thread().name)
-            loop = self._loop
-            if loop is not None:  # not a stop: the thread died, and nobody else would
-                with contextlib.suppress(RuntimeError):  # answer what it held or what waits
-                    loop.call_soon_threadsafe(self._fail_stranded, held[0] if held else [])
-
-    def _fail_stranded(self, batch: list[_Entry]) -> None:
+    def _fail_stranded(self, batch: list[_Entry] | None) -> None:
         """A worker died: its batch in flight and the queue fail with 503 instead of
         waiting for nobody."""
         error = ModelNotReady(f"model '{self.name}': a worker thread died")
-        for entry in (*batch, *self._queue):
+        for entry in (*(batch or ()), *self._queue):
             if not entry.future.done():
                 entry.future.set_exception(error)
         self._queue.clear()
@@ -372,30 +369,8 @@ class DynamicBatcher:
             if self._busy == 0:
                 self._idle.set()
 
-    def _work_until_stopped(self, held: list[list[_Entry]]) -> None:
-        if self.config.worker_nice and hasattr(os, "setpriority"):
-            # The event loop needs little CPU but gates every reply and every refusal: when
-            # both want the core, it goes first. The worker still gets every idle moment.
-            with contextlib.suppress(OSError):
-                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(),
-                               os.getpriority(os.PRIO_PROCESS, 0) + self.config.worker_nice)
-        while (batch := self._jobs.get()) is not None:
-            held[:] = [batch]
-            loop = batch[0].future.get_loop()
-            try:
-                outputs: list[Any] | None = self._run_batch([e.request.payload for e in batch])
-                error: BaseException | None = None
-            except Exception as exc:  # noqa: BLE001 - delivered to the batch's own requests
-                outputs, error = None, exc
-            done_ns = time.perf_counter_ns()
-            try:
-                loop.call_soon_threadsafe(self._complete, batch, outputs, error, done_ns)
-            except RuntimeError:  # the loop closed under us: nobody is waiting any more
-                return
-            held.clear()
-
     def _complete(self, batch: list[_Entry], outputs: list[Any] | None,
-                  error: BaseException | None, done_ns: int) -> None:
+                  error: BaseException | None, done_ns: int, ran_ns: int) -> None:
         if error is None and outputs is not None and len(outputs) != len(batch):
             error = RuntimeFailed(f"model '{self.name}' returned {len(outputs)} outputs "
                                   f"for a batch of {len(batch)} requests")
@@ -408,8 +383,11 @@ class DynamicBatcher:
                     entry.future.set_exception(error)
         else:
             assert outputs is not None
-            self._drain.observe(sum(e.request.num_items for e in batch),
-                                (done_ns - batch[0].dispatched_ns) / 1e9)
+            seconds = (done_ns - batch[0].dispatched_ns) / 1e9
+            items = sum(e.request.num_items for e in batch)
+            self._drain.observe(items, seconds)
+            if len(batch) == 1:
+                self.gate.costs.observe(items * batch[0].request.length, ran_ns / 1e9)
             for entry, output in zip(batch, outputs, strict=True):
                 if not entry.future.done():
                     entry.request.timeline.mark(Stage.INFER, done_ns)

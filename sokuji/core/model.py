@@ -148,7 +148,9 @@ class ServedModel(Protocol):
         the event loop for large inputs."""
 
     def submit(self, prepared: Any, ctx: RequestContext) -> Submission:
-        """Admission and the deadline check (``core/policy.py``), then queue."""
+        """Admission and the deadline check (``core/policy.py``), then queue. It may also
+        compute the request before returning (an encoder's lone request at an idle model:
+        ``core/inline.py``); the handle's ``result()`` is then ready at once."""
 
     def start(self) -> None:
         """Start its threads; call from the event loop that will submit."""

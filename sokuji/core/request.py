@@ -36,6 +36,9 @@ class Priority(enum.IntEnum):
     INTERACTIVE = 0
     BATCH = 1
 TOTAL = "total"
+_PLAIN = timing.render([(s.value, 0.0, None) for s in STAGES] + [(TOTAL, 0.0, None)]).replace(
+    "0.000", "%.3f")
+"""``timing.render``'s output for entries without notes, as a format string."""
 
 
 class Timeline:
@@ -76,7 +79,10 @@ class Timeline:
 
     def server_timing(self) -> str:
         """W3C ``Server-Timing`` header value, durations in milliseconds."""
-        return timing.render(self.timing_entries())
+        if self.notes:
+            return timing.render(self.timing_entries())
+        get = self.durations_ns.get  # the common case: one formatting call, no loop
+        return _PLAIN % (*[get(s, 0) / 1e6 for s in STAGES], self.total_ns / 1e6)
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,9 @@ ONNX, synthetic) and its dynamic batcher.
   ``sokuji-prep`` pool (``core/offload.py``).
 - ``submit(prepared, ctx)``: the batcher's admission (429), deadline check (504) and queue;
   the handle's ``result()`` is the request's rows. Plain method calls: no task, no thread hop
-  on the way in (the batch itself runs in the batcher's worker thread).
+  on the way in. A batch runs in the batcher's worker thread, except a lone request at an idle
+  model, measured to be quick: that one runs on the event loop, within ``submit`` itself
+  (``core/inline.py``), so its answer takes no thread hop at all.
 """
 
 from __future__ import annotations

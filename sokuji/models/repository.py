@@ -172,7 +172,13 @@ class ModelRepository:
         return [m for model in self.models.values() for m in model.all()]
 
     def start(self) -> None:
+        served = [m.served for m in self.every()]
         for model in self.every():
+            if isinstance(model.served, EncoderModel) and len(served) > 1:
+                # A lone request may run on the event loop only while the other models
+                # have nothing in flight: their replies (tokens) would wait for it.
+                model.served.batcher.gate.others_busy = _busy([s for s in served
+                                                          if s is not model.served])
             model.served.start()
             model.started = True
 
@@ -218,6 +224,12 @@ class ModelRepository:
     def ready(self) -> bool:
         """Every model and every variant it serves as a version is ready."""
         return bool(self.models) and all(m.ready for m in self.every())
+
+
+def _busy(models: list[ServedModel]) -> Callable[[], bool]:
+    def busy() -> bool:
+        return any(m.num_waiting or m.capacity().num_running for m in models)
+    return busy
 
 
 def _batched(mc: ModelConfig, runtime: Runtime,

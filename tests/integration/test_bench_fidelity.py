@@ -160,6 +160,10 @@ name = "synth"
 runtime = "synthetic"
 cache = false
 max_batch_size = 16
+# Every batch in a worker: a lone request run on the event loop (core/inline.py) would hold
+# the loop through the stall, and what arrived meanwhile would wait in the socket, before
+# its Server-Timing starts; the tail attribution below reads the server's stages.
+inline_max_ms = 0
 options = {{base_ms = 2.0, stall_ms = 1000.0, stall_after_batches = {after}}}
 """
 

@@ -66,7 +66,10 @@ async def rt() -> GatedRuntime:
 
 
 async def start(rt: GatedRuntime, **kw: object) -> tuple[DynamicBatcher, list[BatchInfo]]:
+    """A batcher whose batches all run in worker threads (a gated batch on the event loop
+    would block the test that opens its gate); the loop's own runs: test_batcher_inline."""
     infos: list[BatchInfo] = []
+    kw.setdefault("inline_max_ms", 0.0)
     b = DynamicBatcher("m", rt.run_batch, BatcherConfig(**kw), on_batch=infos.append)  # type: ignore[arg-type]
     b.start()
     return b, infos

@@ -23,9 +23,9 @@ def test_a_dead_worker_thread_makes_the_model_and_the_server_unready() -> None:
         assert ready(client) == (200, 200, 200)
         assert client.post(INFER, json=v2_body(["a"])).status_code == 200
         batcher = client.app.inference.repo.models["synth"].served.batcher  # type: ignore[attr-defined]
-        batcher._jobs.put(None)  # its worker thread stops, as if it had died
-        batcher._threads[0].join(10)
-        assert not batcher._threads[0].is_alive()
+        batcher._workers._jobs.put(None)  # its worker thread stops, as if it had died
+        batcher._workers._threads[0].join(10)
+        assert not batcher._workers._threads[0].is_alive()
         assert ready(client) == (503, 503, 503)
         r = client.post(INFER, json=v2_body(["a"]))
         assert r.status_code == 503 and r.json()["code"] == "model_not_ready"

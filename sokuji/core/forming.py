@@ -1,0 +1,71 @@
+"""Which queued requests form the next batch. Pure: requests in, a choice out; no clock.
+
+- The batch always holds the request that goes first: the best ``policy.rank`` (priority
+  class, after aging), the oldest among equals. No request waits behind more than the queue
+  that was ahead of it: nothing starves.
+- It is filled, within ``max_batch_size`` items and ``max_batch_tokens`` padded positions
+  (items x the longest length), with the others in rank order and then, for policy
+  ``length``, nearest to the first one's length (low padding), or, for ``fifo``, in arrival
+  order, stopping at the first that does not fit.
+- A single request larger than the token budget still runs, alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sokuji.config import BatchPolicy
+from sokuji.core import policy
+from sokuji.core.request import InferenceRequest
+
+
+@dataclass(frozen=True)
+class BatchInfo:
+    """What one dispatched batch looked like; published as metrics."""
+
+    num_requests: int
+    num_items: int
+    padded_tokens: int
+    real_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    indices: list[int]
+    """Positions in the queue given, in the batch's order."""
+    items: int
+    longest: int
+
+
+def choose(queue: Sequence[InferenceRequest], batch_policy: BatchPolicy, max_batch_size: int,
+           max_batch_tokens: int, aging_ns: int, now_ns: int) -> Choice:
+    """The next batch out of ``queue`` (non-empty)."""
+    if len(queue) == 1:
+        only = queue[0]
+        return Choice([0], only.num_items, only.length)
+    prank = policy.rank
+    ranks = [prank(r.priority, now_ns - r.enqueued_ns, aging_ns) for r in queue]
+    head = min(range(len(queue)), key=lambda i: (ranks[i], queue[i].enqueued_ns))
+    rest = [i for i in range(len(queue)) if i != head]
+    if batch_policy is BatchPolicy.LENGTH:
+        anchor = queue[head].length
+        rest.sort(key=lambda i: (ranks[i], abs(queue[i].length - anchor)))
+    else:
+        rest.sort(key=lambda i: (ranks[i], queue[i].enqueued_ns))
+    chosen = [head]
+    items, longest = queue[head].num_items, queue[head].length
+    strict = batch_policy is BatchPolicy.FIFO
+    for i in rest:
+        if items >= max_batch_size:
+            break
+        req = queue[i]
+        new_items = items + req.num_items
+        new_longest = max(longest, req.length)
+        if new_items > max_batch_size or new_items * new_longest > max_batch_tokens:
+            if strict:
+                break
+            continue
+        chosen.append(i)
+        items, longest = new_items, new_longest
+    return Choice(chosen, items, longest)
