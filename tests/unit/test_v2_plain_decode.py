@@ -117,7 +117,8 @@ def test_the_common_requests_take_the_fast_path() -> None:
     assert len(taken) >= 10
 
 
-@pytest.mark.parametrize(("n", "shape"), itertools.product(range(1, 5), ([1], [2], "n", "n1")))
+@pytest.mark.parametrize(("n", "shape"),
+                         list(itertools.product(range(1, 5), ([1], [2], "n", "n1"))))
 def test_item_counts_and_shapes(n: int, shape: Any) -> None:
     dims = [n] if shape == "n" else [n, 1] if shape == "n1" else shape
     body = variant(data=[f"t{i}" for i in range(n)], shape=dims)
