@@ -8,7 +8,9 @@ several models that differ only in their speculation options; this load generato
 --client-core. Only one model is busy at a time: contestants alternate (their order
 reversed every round), each round sends every contestant the same requests, and greedy
 decoding makes their answers identical token for token, so each contestant generates the
-same tokens.
+same tokens (checked: each answer's text is compared with ``off``'s). The prefix cache is off
+for all: a hit leaves a prompt's last tokens to another llama.cpp kernel than the first
+prefill used, which can change greedy text by itself.
 
 Contestants: ``off``; ``ngram`` (the default: prompt lookup, adaptive); ``ngram-forced``
 (drafts whatever the lookup offers); ``draft-forced`` (a draft model: the same model
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import os
 import statistics
@@ -127,7 +130,7 @@ async def one(session: aiohttp.ClientSession, url: str, model: str,
             "stream": True, "stream_options": {"include_usage": True}}
     t0 = time.perf_counter()
     first = last = 0.0
-    tokens, spec = 0, {}
+    tokens, spec, text = 0, {}, []
     async with session.post(url, json=body) as r:
         assert r.status == 200, f"{model}: {r.status} {await r.text()}"
         async for raw in r.content:
@@ -142,7 +145,9 @@ async def one(session: aiohttp.ClientSession, url: str, model: str,
             if doc.get("choices") and doc["choices"][0]["delta"].get("content"):
                 last = time.perf_counter() - t0
                 first = first or last
+                text.append(doc["choices"][0]["delta"]["content"])
     return {"tokens": tokens, "ttft_s": first, "total_s": last, "spec": spec,
+            "text_hash": hashlib.sha256("".join(text).encode()).hexdigest()[:16],
             "decode_tps": (tokens - 1) / (last - first) if tokens > 1 and last > first else 0.0}
 
 
@@ -154,8 +159,8 @@ async def run_cell(url: str, model: str, workload: str, streams: int, per_stream
         async def worker(w: int) -> None:
             for r in range(per_stream):
                 i = base + w * per_stream + r
-                results.append(await one(session, url, model, messages(workload, i, texts),
-                                         max_tokens))
+                results.append({"index": i, **await one(
+                    session, url, model, messages(workload, i, texts), max_tokens)})
         t0 = time.perf_counter()
         await asyncio.gather(*(worker(w) for w in range(streams)))
         wall = time.perf_counter() - t0
@@ -197,7 +202,9 @@ async def bench(args: argparse.Namespace, url: str) -> dict[str, Any]:
             per_stream = max(1, args.requests // streams)
             for rnd in range(args.rounds):
                 order = args.contestants if rnd % 2 == 0 else args.contestants[::-1]
-                base = 1 + 1000 * rnd + 100 * streams  # same requests for all in a round
+                # the same requests for every contestant in a round, and for every
+                # concurrency: round k sends requests k*n .. k*n + n - 1
+                base = rnd * streams * per_stream
                 for model in order:
                     runs[model].append(await run_cell(url, model, workload, streams,
                                                       per_stream, base, args.max_tokens,
@@ -208,7 +215,10 @@ async def bench(args: argparse.Namespace, url: str) -> dict[str, Any]:
                 s["aggregate_ratio"] = s["aggregate_tps"] / off["aggregate_tps"]
                 s["per_request_ratio"] = s["per_request_decode_tps"] / \
                     off["per_request_decode_tps"]
-                s["same_tokens_as_off"] = s["tokens"] == off["tokens"]
+            answers = {m: {(k, q["index"]): q["text_hash"] for k, run in enumerate(r)
+                           for q in run["requests"]} for m, r in runs.items()}
+            for m, s in cell.items():
+                s["same_text_as_off"] = answers[m] == answers["off"]
             result[f"{workload}/{streams}"] = {"cell": cell, "raw": runs}
     return result
 
@@ -222,7 +232,7 @@ def report(result: dict[str, Any]) -> None:
                   f"     {s['per_request_decode_tps']:7.1f} ({s['per_request_ratio']:.2f})"
                   f"             {s['acceptance']:5.2f}     {s['tokens_per_step']:5.2f}"
                   f"    {s['ttft_p50_ms']:7.0f}"
-                  + ("" if s["same_tokens_as_off"] else "   TOKENS DIFFER FROM off"))
+                  + ("" if s["same_text_as_off"] else "   TEXT DIFFERS FROM off"))
 
 
 def main() -> None:
@@ -262,6 +272,7 @@ cache = false
 threads = {args.threads}
 slots = {max(args.streams)}
 context_size = 1024
+prefix_cache_mb = 0
 {CONTESTANTS[name]}
 """ for name in args.contestants)
     server = Server(args, [sys.executable, "-m", "sokuji", "serve"], port, config=f"""
