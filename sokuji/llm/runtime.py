@@ -24,7 +24,8 @@ Options (``[models.options]``), all optional:
 - ``speculative`` ("ngram"): speculative decoding of greedy requests (``speculative.py``):
   "off", "ngram" (prompt lookup: drafts copied from the request's own context), or "draft"
   (a draft model proposes); ``speculative_tokens`` (8): draft tokens per sequence and step,
-  at most; ``speculative_ngram_max`` / ``_min`` (4 / 2): the n-gram lengths looked up;
+  at most; ``speculative_ngram_max`` / ``_min`` (16 / 2): the n-gram lengths looked up
+  (the longest match wins; its length also tells how far to trust it);
   ``speculative_adaptive`` (true): draft only when the measured step costs and acceptance
   say it pays (false: always, for tests and benchmarks of the mechanism). Needs
   ``flash_attn``: with it a token's logits are the same whether 1 or up to 63 tokens of its
@@ -71,7 +72,7 @@ class LlamaOptions:
     split_small_batches: bool = True
     speculative: str = "ngram"
     speculative_tokens: int = 8
-    speculative_ngram_max: int = 4
+    speculative_ngram_max: int = 16
     speculative_ngram_min: int = 2
     speculative_adaptive: bool = True
     draft_model: str = ""

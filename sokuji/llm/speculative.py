@@ -65,20 +65,31 @@ MARGIN = 1.05
 """Draft only when the plan's expected tokens per second beat the plain step's by 5%."""
 MIN_GAIN = 0.05
 """Draft positions whose expected yield (p^j) is below this are not considered."""
-NGRAM_PRIOR = {1: 0.3, 2: 0.5, 3: 0.6}
-"""Acceptance assumed for an n-gram match of this length before any is measured (longer:
-0.7); a draft model's: ``DRAFT_PRIOR``."""
+MATCH_BUCKETS = (1, 2, 3, 4, 8, 16)
+"""Acceptance is learned by the length of the match a draft came from, in these buckets (a
+bucket holds lengths up to the next): while a model quotes its context, its last tokens
+match the context over dozens of tokens, and such drafts are nearly always right; a short
+match in free text mostly is not. The length costs nothing to observe, where testing a
+sequence by drafting costs a whole verification step."""
+NGRAM_PRIOR = {1: 0.3, 2: 0.5, 3: 0.6, 4: 0.7, 8: 0.8, 16: 0.9}
+"""Acceptance assumed for a match bucket before any is measured; a draft model's:
+``DRAFT_PRIOR``."""
 DRAFT_PRIOR = 0.6
-SEQ_WEIGHT, SEQ_DECAY = 2.0, 0.85
-"""A sequence's own evidence, blended with the engine-wide estimate as ``SEQ_WEIGHT``
-pseudo-observations, fades by ``SEQ_DECAY`` a step: recent verifications weigh most, and a
-rejection some steps ago no longer stops a sequence that has reached a passage it quotes."""
-GLOBAL_WEIGHT, GLOBAL_DECAY = 4.0, 0.98
-EXPLORE_SHARE = 0.02
+SEQ_WEIGHT, SEQ_DECAY = 2.0, 0.95
+"""A sequence's own evidence (per token: accepted drafts, and verifications that stopped
+short), blended with the engine-wide estimate as ``SEQ_WEIGHT`` pseudo-observations, fades
+by ``SEQ_DECAY`` a step: recent verifications weigh most, and a rejection long ago no longer
+stops a sequence that has reached a passage it quotes."""
+GLOBAL_WEIGHT, GLOBAL_DECAY = 4.0, 0.95
+"""The engine-wide estimate a sequence starts from is the share of drafted tokens accepted,
+per verification (decayed): what a new sequence can expect. Counted per token instead, a few
+long accepted runs of quoting sequences would outweigh many failures of the others, and
+every new free-text sequence would start drafting as if it quoted."""
+EXPLORE_SHARE = 0.01
 """Of each drafting-eligible step's estimated time, this share is saved up to pay for probes
-(``_probe``). Free text thus pays at most about 2% for the chance to find where drafting
-pays."""
-EXPLORE_START_S, EXPLORE_CAP_S = 0.2, 0.5
+(``_probe``, charged at their measured cost). Free text thus pays about 1% for the chance to
+find where drafting pays."""
+EXPLORE_START_S, EXPLORE_CAP_S = 0.1, 0.5
 """Savings at start (once per engine: its first probes measure the step sizes it will use),
 and at most."""
 
@@ -89,7 +100,7 @@ class SpecConfig:
     """off | ngram | draft"""
     max_tokens: int = 8
     """Draft tokens per sequence and step, at most."""
-    ngram_max: int = 4
+    ngram_max: int = 16
     ngram_min: int = 2
     adaptive: bool = True
 
@@ -145,12 +156,17 @@ class History:
             return [], 0
         found = np.flatnonzero(a[:n - 1] == a[n - 1])  # earlier ends of the 1-gram
         m = 1
-        while len(found) and m < ngram_max:
+        while len(found) > 1 and m < ngram_max:
             longer = found[found >= m]
             longer = longer[a[longer - m] == a[n - 1 - m]]
             if not len(longer):
                 break
             found, m = longer, m + 1
+        if len(found) == 1 and m < ngram_max:  # one candidate left: the rest of it at once
+            end = int(found[0])
+            span = min(ngram_max, end + 1)
+            same = a[end - span + 1:end + 1][::-1] == a[n - span:n][::-1]
+            m = span if same.all() else int(np.argmin(same))
         if not len(found) or m < ngram_min:
             return [], 0
         start = int(found[-1]) + 1
@@ -194,6 +210,9 @@ class Speculator:
         self.explore_s = EXPLORE_START_S
         """Seconds of step time saved up for probes."""
         self.probes = 0
+        self._probe_charge: tuple[int, float, float] | None = None
+        """The last probe's (step size, plain step's cost, what was charged), settled at its
+        measured cost once timed."""
 
     # -- per sequence ---------------------------------------------------------------------
     def admit(self, prompt: list[int], greedy: bool, max_new: int) -> SeqSpec | None:
@@ -202,7 +221,9 @@ class Speculator:
         return SeqSpec(prompt, len(prompt) + max_new + 1)
 
     def p(self, st: SeqSpec, match: int) -> float:
-        prior = DRAFT_PRIOR if match == 0 else NGRAM_PRIOR.get(match, 0.7)
+        """``st``'s per-token acceptance, from its own evidence and the engine's for drafts
+        from matches of this length (0: the draft model)."""
+        prior = DRAFT_PRIOR if match == 0 else NGRAM_PRIOR[match]
         glob = self._global.get(match)
         if glob is not None:
             prior = glob.p(prior, GLOBAL_WEIGHT)
@@ -214,8 +235,10 @@ class Speculator:
         self.drafted += drafted
         self.accepted += accepted
         st.own.observe(drafted, accepted)
-        self._global.setdefault(st.match, Acceptance()).observe(drafted, accepted,
-                                                                GLOBAL_DECAY)
+        rate = accepted / drafted
+        glob = self._global.setdefault(st.match, Acceptance())
+        glob.accepted = glob.accepted * GLOBAL_DECAY + rate
+        glob.rejected = glob.rejected * GLOBAL_DECAY + 1.0 - rate
         if self.draft is not None and st.dpos > before + accepted:
             st.dpos = before + accepted  # cells of rejected drafts
             self.draft.forget(slot, st.dpos)
@@ -247,12 +270,19 @@ class Speculator:
                 continue
             st.own.fade(SEQ_DECAY)
             if cfg.mode == "ngram":
-                tokens, st.match = st.history.lookup(cfg.ngram_max, cfg.ngram_min, cap)
+                tokens, length = st.history.lookup(cfg.ngram_max, cfg.ngram_min, cap)
+                st.match = max(b for b in MATCH_BUCKETS if b <= length) if tokens else 0
                 if tokens:
                     wanted.append((i, len(tokens), self.p(st, st.match), tokens))
             else:
                 st.match = 0
                 wanted.append((i, cap, self.p(st, 0), None))
+        if self._probe_charge is not None:
+            size, base, charged = self._probe_charge
+            measured = self.costs.measured(size)
+            if measured is not None:
+                self.explore_s -= max(0.0, measured - base) - charged
+            self._probe_charge = None
         if not wanted or budget < 1:
             return out
         if cfg.adaptive:
@@ -316,6 +346,7 @@ class Speculator:
         if extra > self.explore_s:
             return ks
         self.explore_s -= max(0.0, extra)
+        self._probe_charge = (n_rows + most, base, max(0.0, extra))
         self.probes += 1
         ks[w] = most
         return ks

@@ -148,7 +148,7 @@ def test_a_copy_heavy_answer_accepts_drafts_and_says_so(client: openai.OpenAI,
         assert "granite quarried" in text  # it does quote the passage
         f = figures(desc)
         assert desc.startswith(model) and f["accepted"] > 0 and f["drafted"] >= f["accepted"]
-        assert f["rate"] == pytest.approx(f["accepted"] / f["drafted"], abs=0.005)
+        assert f["rate"] == pytest.approx(f["accepted"] / f["drafted"], abs=0.0051)  # 2 places
         assert f["tokens/step"] > 1.5  # several tokens a step
         details = reply.usage.completion_tokens_details
         assert details.accepted_prediction_tokens == f["accepted"]

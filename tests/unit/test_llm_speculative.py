@@ -175,6 +175,30 @@ def test_lookup_takes_the_longest_suffix_match_most_recent_first() -> None:
     assert rep.lookup(2, 1, 4) == ([4], 2)
 
 
+def brute_lookup(a: list[int], nmax: int, nmin: int, k: int) -> tuple[list[int], int]:
+    """The definition: the longest suffix match (up to nmax), the most recent among equals."""
+    n, best = len(a), (0, -1)
+    for end in range(n - 1):
+        m = 0
+        while m < nmax and end - m >= 0 and a[end - m] == a[n - 1 - m]:
+            m += 1
+        if m and m >= best[0]:
+            best = (m, end)
+    if best[0] < nmin:
+        return [], 0
+    return a[best[1] + 1:min(best[1] + 1 + k, n)], best[0]
+
+
+def test_lookup_agrees_with_its_definition_on_random_histories() -> None:
+    rng = np.random.default_rng(7)
+    for _ in range(2000):
+        alphabet = int(rng.choice([2, 3, 5, 50]))
+        a = rng.integers(0, alphabet, int(rng.integers(2, 60))).tolist()
+        nmax = int(rng.integers(1, 20))
+        nmin, k = int(rng.integers(1, nmax + 1)), int(rng.integers(1, 9))
+        assert History(a, len(a) + 1).lookup(nmax, nmin, k) == brute_lookup(a, nmax, nmin, k)
+
+
 # -- costs and the planner -------------------------------------------------------------------
 def test_step_costs_interpolate_and_extrapolate_optimistically() -> None:
     c = StepCosts()
@@ -230,7 +254,7 @@ def test_the_planner_follows_a_sequences_acceptance() -> None:
 
     accepted = [one_step(True) for _ in range(4)]
     assert accepted == sorted(accepted) and accepted[-1] == 8  # k grows with acceptance
-    rejected = [one_step(False) for _ in range(12)]
+    rejected = [one_step(False) for _ in range(20)]
     assert rejected == sorted(rejected, reverse=True) and rejected[-1] <= 1  # and shrinks
     assert spec.p(st, 4) < 0.5
     step.learn(2, 0.020)  # one more token costs a token's share: no more drafts at that p
