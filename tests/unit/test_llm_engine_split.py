@@ -105,3 +105,30 @@ async def test_no_submission_is_taken_once_the_engine_failed_everyone() -> None:
             raise AssertionError("a submission after _fail_all would wait for nobody")
     finally:
         await eng.stop()
+
+
+def test_a_newcomers_prompt_is_decoded_before_the_running_rows() -> None:
+    """A short prompt piece and the decode rows are separate llama_decode calls, the prompt
+    first: its first token comes out after its own pass, not after the rows' pass too."""
+    eng, model = engine()
+    loop = asyncio.new_event_loop()
+    try:
+        running = []
+        for slot in (0, 1):
+            req = GenerationRequest("m", [1, 2], SamplingParams(max_tokens=5, temperature=0),
+                                    loop, arrival_ns=0)
+            seq = Sequence(req, slot)
+            seq.pending, seq.pos, seq.next_token = [], 2, 7
+            running.append(seq)
+        req = GenerationRequest("m", [3, 4, 5], SamplingParams(max_tokens=5, temperature=0),
+                                loop, arrival_ns=0)
+        newcomer = Sequence(req, 2)
+        eng._active = [*running, newcomer]
+        eng._step()
+        assert [[slot for _, _, slot, _ in c] for c in model.calls] == [[2, 2, 2], [0, 1]]
+        assert [logits for *_, logits in model.calls[0]] == [False, False, True]
+        assert newcomer.next_token == 12 and newcomer.pos == 3 and not newcomer.pending
+        assert [s.next_token for s in running] == [10, 11]
+        assert eng.costs.measured(2) is not None  # the rows' pass is pure: its cost is learnt
+    finally:
+        loop.close()
