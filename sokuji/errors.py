@@ -16,6 +16,7 @@
     ├── StoreUnavailable (503)     the job store (Redis, SQLite) cannot be reached: retry later
     ├── Overloaded (429)           queue or concurrency limit: rejected at once, with Retry-After
     ├── DeadlineExceeded (504)     could not start before its deadline: never computed
+    ├── StepFailed (502, or the step's 4xx / 429 / 503 / 504)  a pipeline step failed
     └── RuntimeFailed (500)        the runtime raised while running a batch
 
 Third-party exceptions are translated at the adapter boundary (``raise RuntimeFailed(...) from
@@ -146,3 +147,25 @@ class Unauthorized(SokujiError):
 class Forbidden(SokujiError):
     status = 403
     code = "forbidden"
+
+
+class StepFailed(SokujiError):
+    """A pipeline step failed: the step's own error (4xx, 429, 503, 504: status, code and
+    headers such as Retry-After kept), its message naming the pipeline and the step. What
+    would be a 500 of its own (a runtime failure; a user function that raised something
+    other than a ``SokujiError``) is a 502: the pipeline, like a gateway, got no valid
+    answer from a part."""
+
+    status = 502
+    code = "step_failed"
+
+    def __init__(self, pipeline: str, step: str, cause: BaseException) -> None:
+        if isinstance(cause, SokujiError):
+            what, param, headers = cause.message, cause.param, cause.headers
+            if cause.status < 500 or cause.status in (503, 504):
+                self.status, self.code = cause.status, cause.code
+        else:
+            what, param, headers = f"{type(cause).__name__}: {str(cause)[:200]}", None, None
+        super().__init__(f"pipeline '{pipeline}', step '{step}': {what}", param=param,
+                         headers=headers)
+        self.step = step

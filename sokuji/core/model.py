@@ -36,6 +36,8 @@ class ModelKind(enum.StrEnum):
     """Items in -> one output row per item (embeddings); inputs: a list of texts."""
     GENERATOR = "generator"
     """A prompt in -> a stream of text deltas, then a finish; inputs: ``GenerationInput``."""
+    PIPELINE = "pipeline"
+    """Steps over other models (``sokuji/pipelines``); inputs: a mapping of named inputs."""
 
 
 @dataclass(frozen=True)

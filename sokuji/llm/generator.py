@@ -19,7 +19,7 @@ from sokuji.config import ModelConfig
 from sokuji.core import offload
 from sokuji.core.model import Capacity, GenerationInput, ModelKind, ModelMetadata, RequestContext
 from sokuji.llm.engine import GenerationEngine
-from sokuji.llm.request import GenerationRequest, SamplingParams
+from sokuji.llm.request import GenerationRequest, SamplingParams, Timing
 from sokuji.llm.runtime import LlamaRuntime
 
 INLINE_MAX_CHARS = 4 * 1024
@@ -98,11 +98,13 @@ class GeneratorModel:
             seed=inputs.seed, stop=inputs.stop)
         return PreparedGeneration(prompt, params)
 
-    def submit(self, prepared: PreparedGeneration, ctx: RequestContext) -> GenerationRequest:
+    def submit(self, prepared: PreparedGeneration, ctx: RequestContext,
+               timing: Timing | None = None) -> GenerationRequest:
+        """``timing``: the caller's (a pipeline's: its arrival, its steps), else a new one."""
         gen = GenerationRequest(self.name, prepared.prompt, prepared.params,
                                 asyncio.get_running_loop(), arrival_ns=ctx.arrival_ns,
                                 priority=ctx.priority, deadline_ns=ctx.deadline_ns,
-                                tenant=ctx.tenant)
+                                tenant=ctx.tenant, timing=timing)
         self.engine.submit(gen)
         return gen
 

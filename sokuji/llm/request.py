@@ -11,6 +11,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from sokuji.core import timing
 from sokuji.core.request import Priority
@@ -131,7 +132,7 @@ class GenerationRequest:
     def __init__(self, model: str, prompt: list[int], params: SamplingParams,
                  loop: asyncio.AbstractEventLoop, arrival_ns: int,
                  priority: Priority = Priority.INTERACTIVE, deadline_ns: int | None = None,
-                 tenant: str = "") -> None:
+                 tenant: str = "", timing: Timing | None = None) -> None:
         self.model = model
         self.tenant = tenant
         """Whose request this is: the prefix cache only reuses a tenant's own prompts."""
@@ -139,7 +140,12 @@ class GenerationRequest:
         self.params = params
         self.priority = priority
         self.deadline_ns = deadline_ns
-        self.timing = Timing(arrival_ns=arrival_ns, prompt_tokens=len(prompt))
+        if timing is None:
+            timing = Timing(arrival_ns=arrival_ns)
+        timing.prompt_tokens = len(prompt)
+        self.timing = timing
+        """Filled by the engine thread; a pipeline passes its own (its steps before this
+        generation are part of the request's time)."""
         self.cancelled = False
         self._loop = loop
         self._events: deque[Delta | Finish] = deque()
@@ -185,6 +191,18 @@ class GenerationRequest:
             else:
                 return Generated("".join(texts), event)
         raise AssertionError("unreachable: events() ends with a Finish")
+
+
+class GenerationHandle(Protocol):
+    """What the OpenAI endpoints read of a generation: a ``GenerationRequest``, or a
+    pipeline whose answer is one (``pipelines/model.py``)."""
+
+    @property
+    def timing(self) -> Timing: ...
+
+    async def next_events(self) -> list[Delta | Finish]: ...
+
+    def cancel(self) -> None: ...
 
 
 class TextAssembler:

@@ -29,6 +29,7 @@ from sokuji.runtimes.base import Runtime
 
 if TYPE_CHECKING:
     from sokuji.llm.generator import GeneratorModel
+    from sokuji.pipelines.model import PipelineModel
 
 log = logging.getLogger(__name__)
 
@@ -115,13 +116,24 @@ class Model:
     def embedder(self) -> EncoderModel:
         """The model as an encoder; 400 for a generative one."""
         if not isinstance(self.served, EncoderModel):
+            if self.kind is ModelKind.PIPELINE:
+                raise InvalidInput(f"'{self.name}' is a pipeline: use /v2/models/{self.name}"
+                                   "/infer or /v1/chat/completions", param="model")
             raise InvalidInput(f"model '{self.name}' generates text: use "
                                "/v1/chat/completions or /v1/completions", param="model")
         return self.served
 
+    def pipeline(self) -> PipelineModel | None:
+        """The model as a pipeline; None for a model."""
+        return cast("PipelineModel", self.served) if self.kind is ModelKind.PIPELINE else None
+
     def generator(self) -> GeneratorModel:
-        """The model as a generator; 400 for an encoder."""
+        """The model as a generator; 400 for an encoder (or a pipeline that does not
+        generate: a generating pipeline is served by ``llm_api`` through ``pipeline()``)."""
         if self.served.kind is not ModelKind.GENERATOR:
+            if self.kind is ModelKind.PIPELINE:
+                raise InvalidInput(f"pipeline '{self.name}' does not generate text: use "
+                                   f"/v2/models/{self.name}/infer", param="model")
             raise InvalidInput(f"model '{self.name}' does not generate text (it is an "
                                "encoder: use /v1/embeddings or /v2/models/"
                                f"{self.name}/infer)", param="model")
@@ -165,6 +177,18 @@ class ModelRepository:
                 runtime.warmup()
             repo.models[mc.name] = _batched(mc, runtime, on_batch, mc.name)
             log.info("model %s loaded (runtime %s)", mc.name, mc.runtime)
+        pipelines = config.pipelines
+        if config.builtin_pipelines:
+            from sokuji.pipelines import builtin
+
+            pipelines = (*pipelines, *builtin.pipelines(config))
+        if pipelines:
+            from sokuji.pipelines.load import load_pipelines
+
+            for pc, served in load_pipelines(pipelines, config, {
+                    name: m.served for name, m in repo.models.items()}):
+                repo.models[pc.name] = Model(pc.as_model(), served)
+                log.info("pipeline %s loaded (%d steps)", pc.name, len(pc.steps))
         return repo
 
     def every(self) -> list[Model]:

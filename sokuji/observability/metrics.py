@@ -161,6 +161,9 @@ class Metrics:
             "served as versions, under model=\"name@variant\").", ["model", "variant"],
             registry=r)
         self.llm = GenerationMetrics(r)
+        from sokuji.observability.pipelines import PipelineMetrics
+
+        self.pipelines = PipelineMetrics(r)
 
     def add_model(self, name: str, queue: _Queue) -> None:
         self._timings[name] = TimingHistograms()

@@ -18,6 +18,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 import numpy as np
 from starlette.applications import Starlette
@@ -107,6 +108,8 @@ class Inference:
                        tl: Timeline, tenant: Tenant) -> tuple[str, bytes, Headers]:
         tenant.check_model(params["model_name"])  # first: 403 tells nothing of other models
         model = self.repo.get_ready(params["model_name"], params.get("version"))
+        if model.kind is ModelKind.PIPELINE:
+            return await self._pipeline(model, headers, receive, tl, tenant)
         encoder = model.embedder()
         encoder.check_admission()  # refuse before reading the body
         header_len = headers.get(v2.HEADER_LENGTH)
@@ -127,6 +130,26 @@ class Inference:
                                                [(model.metadata.outputs[0], output)])
         if model.variant:
             out_headers[VARIANT_HEADER] = model.variant
+        return model.metric_name, payload, out_headers
+
+    async def _pipeline(self, model: Model, headers: Headers, receive: Receive, tl: Timeline,
+                        tenant: Tenant) -> tuple[str, bytes, Headers]:
+        from sokuji.server import pipeline_api
+
+        pipe = model.pipeline()
+        assert pipe is not None
+        pipe.check_admission()
+        if headers.get(v2.HEADER_LENGTH) is not None:
+            raise BadRequest("pipelines take JSON tensors only, not the binary extension")
+        check_content_type(headers, binary_ok=False)
+        body = await read_body(receive, headers, self.config.max_request_bytes)
+
+        def ctx_of(request_id: str, parameters: dict[str, Any]) -> RequestContext:
+            # No timeline: the steps' models stamp their own; the pipeline's is ``tl``.
+            return scheduling.context(tenant, headers, parameters, tl.start_ns,
+                                      model.config.default_timeout_ms, request_id)
+        payload, out_headers = await pipeline_api.infer(model, pipe, body, headers, ctx_of,
+                                                        tl, self.cache)
         return model.metric_name, payload, out_headers
 
     async def openai_embeddings(self, params: dict[str, str], headers: Headers,
@@ -296,7 +319,9 @@ class SokujiApp:
             self._failed(params, exc, t0)
             return error_reply(error, style)
         tl.mark(Stage.ENCODE)
-        out_headers["server-timing"] = tl.server_timing()
+        steps = out_headers.get("server-timing")  # a pipeline's steps
+        out_headers["server-timing"] = tl.server_timing() if steps is None \
+            else f"{tl.server_timing()}, {steps}"
         # Published after the response is written, off the request's own latency.
         asyncio.get_running_loop().call_soon(self.metrics.observe_request, model, tl, 200)
         return Reply(200, body, out_headers)
@@ -313,6 +338,9 @@ def create_app(config: ServerConfig, repo: ModelRepository,
     for name, model in repo.models.items():
         if model.kind is ModelKind.GENERATOR:
             metrics.llm.add_engine(name, model.generator().engine)
+        pipe = model.pipeline()
+        if pipe is not None:
+            pipe.on_done = metrics.pipelines.observe
     cache = backends.build_cache(config, metrics)
     inference = Inference(config, repo, metrics, cache)
     cp = ControlPlane(config, repo, metrics, inference.auth)

@@ -17,7 +17,7 @@ import logging
 
 import orjson
 
-from sokuji.errors import DeadlineExceeded, ModelNotReady, SokujiError
+from sokuji.errors import DeadlineExceeded, ModelNotReady, SokujiError, StepFailed
 from sokuji.server import openai_api
 from sokuji.server.http import JSON, Reply
 
@@ -33,7 +33,8 @@ def to_error(exc: BaseException, method: str, path: str) -> SokujiError:
     """``exc`` as the error tree says it (logging 5xx that are not load shedding, and
     anything outside the tree as a 500 with its traceback)."""
     if isinstance(exc, SokujiError):
-        if exc.status >= 500 and not isinstance(exc, (DeadlineExceeded, ModelNotReady)):
+        if exc.status >= 500 and not isinstance(exc, (DeadlineExceeded, ModelNotReady)) \
+                and not (isinstance(exc, StepFailed) and exc.status in (503, 504)):
             log.error("%s %s: %s", method, path, exc.message)
         return exc
     log.error("unhandled error on %s %s", method, path, exc_info=exc)

@@ -29,7 +29,7 @@ from starlette.types import Receive, Send
 from sokuji.config import ServerConfig
 from sokuji.core import offload
 from sokuji.errors import SokujiError
-from sokuji.llm.request import Delta, Finish, GenerationRequest
+from sokuji.llm.request import Delta, Finish, GenerationHandle
 from sokuji.models.repository import Model, ModelRepository
 from sokuji.observability.metrics import Metrics
 from sokuji.server import llm_codec, scheduling
@@ -74,11 +74,21 @@ class Generation:
             tenant.check_model(req.model)  # before the lookup: 403 tells nothing of others
             model = self.repo.get_ready(req.model)
             model_name = model.name
-            generator = model.generator()
-            generator.check_admission()
-            ctx = scheduling.context(tenant, headers, {}, t0, model.config.default_timeout_ms)
-            prepared = await generator.prepare(req, ctx)
-            gen = generator.submit(prepared, ctx)
+            pipe = model.pipeline()
+            gen: GenerationHandle
+            if pipe is not None and pipe.generates:  # a pipeline whose answer is generated
+                pipe.check_admission()
+                ctx = scheduling.context(tenant, headers, {}, t0,
+                                         model.config.default_timeout_ms)
+                prepared_steps = await pipe.prepare(pipe.chat_inputs(req, req.user), ctx)
+                gen = pipe.submit_generation(prepared_steps, ctx, req)
+            else:
+                generator = model.generator()
+                generator.check_admission()
+                ctx = scheduling.context(tenant, headers, {}, t0,
+                                         model.config.default_timeout_ms)
+                prepared = await generator.prepare(req, ctx)
+                gen = generator.submit(prepared, ctx)
         except ClientGone:
             return
         except Exception as exc:  # noqa: BLE001 - refused before submission: one mapper
@@ -103,7 +113,7 @@ class Generation:
             await error_reply(exc, ErrorStyle.OPENAI).send(send)
 
     @staticmethod
-    async def _watch(receive: Receive, gen: GenerationRequest) -> None:
+    async def _watch(receive: Receive, gen: GenerationHandle) -> None:
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
@@ -111,9 +121,15 @@ class Generation:
                 return
 
     async def _respond(self, send: Send, req: llm_codec.CompletionRequest,
-                       gen: GenerationRequest, model: Model) -> None:
+                       gen: GenerationHandle, model: Model) -> None:
         enc = llm_codec.Encoder(req, model.name, gen.timing)
         first = await gen.next_events()
+        extra = getattr(gen, "extra", None)  # a pipeline's extra outputs: its sources
+        if extra:
+            enc.extra = {"sources": extra}
+        run = getattr(gen, "run", None)  # a pipeline's steps so far: when each ran
+        steps = [(b"x-sokuji-pipeline-steps", run.steps_header().encode("latin-1"))] \
+            if run is not None else []
         if isinstance(first[0], Finish):
             failure = first[0].error
             if failure is not None or first[0].reason == "cancelled":
@@ -122,7 +138,7 @@ class Generation:
                     raise failure
                 return  # cancelled: the client is gone
         if req.stream:
-            await self._stream(send, req, gen, enc, first, model.name)
+            await self._stream(send, req, gen, enc, first, model.name, steps)
             return
         texts: list[str] = []
         pending = first
@@ -142,16 +158,18 @@ class Generation:
                 headers = [(b"content-type", b"application/json"),
                            (b"content-length", str(len(body)).encode()),
                            (b"server-timing",
-                            gen.timing.server_timing().encode("latin-1"))]
+                            gen.timing.server_timing().encode("latin-1")), *steps]
                 await send({"type": "http.response.start", "status": 200, "headers": headers})
                 await send({"type": "http.response.body", "body": body})
                 return
             pending = await gen.next_events()
 
     async def _stream(self, send: Send, req: llm_codec.CompletionRequest,
-                      gen: GenerationRequest, enc: llm_codec.Encoder,
-                      pending: list[Delta | Finish], model: str) -> None:
-        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+                      gen: GenerationHandle, enc: llm_codec.Encoder,
+                      pending: list[Delta | Finish], model: str,
+                      headers: list[tuple[bytes, bytes]]) -> None:
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [*SSE_HEADERS, *headers] if headers else SSE_HEADERS})
         if req.chat:
             await send({"type": "http.response.body", "body": enc.chunk(None, role=True),
                         "more_body": True})
@@ -185,7 +203,7 @@ class Generation:
                             "more_body": True})
             pending = await gen.next_events()
 
-    def _observe(self, model: str, gen: GenerationRequest, event: Finish,
+    def _observe(self, model: str, gen: GenerationHandle, event: Finish,
                  error_reply: bool = False) -> None:
         """Generation metrics. The request is counted here too, unless it is answered with
         an error reply (``error_reply``), which ``_error`` counts."""

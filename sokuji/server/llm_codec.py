@@ -45,6 +45,8 @@ class CompletionRequest(GenerationInput):
     """A last chunk with the whole usage (``stream_options.include_usage``)."""
     continuous_usage: bool
     """Usage so far in every chunk (``stream_options.continuous_usage_stats``, vLLM)."""
+    user: str | None = None
+    """OpenAI's end-user id (a pipeline may look up this user's features)."""
 
 
 def _number(doc: dict[str, Any], key: str, default: float, lo: float, hi: float,
@@ -169,8 +171,11 @@ def decode(body: bytes, chat: bool) -> CompletionRequest:
     if "stream_options" in doc and doc["stream_options"] is not None and not stream:
         raise InvalidInput("'stream_options' is only allowed with stream=true (as OpenAI "
                            "and vLLM answer)", param="stream_options")
+    user = doc.get("user")
+    if user is not None and (not isinstance(user, str) or not 0 < len(user) <= 256):
+        raise InvalidInput("'user' must be a string of 1 to 256 characters", param="user")
     return CompletionRequest(
-        chat=chat, model=model, messages=messages, prompt=prompt, max_tokens=max_tokens,
+        user=user, chat=chat, model=model, messages=messages, prompt=prompt, max_tokens=max_tokens,
         max_tokens_field=max_key, min_tokens=min_tokens, ignore_eos=ignore_eos,
         temperature=_number(doc, "temperature", 1.0, 0.0, 2.0),
         top_p=_number(doc, "top_p", 1.0, 0.0, 1.0, lo_open=True), stop=stop,
@@ -190,6 +195,9 @@ class Encoder:
         self.id = ("chatcmpl-" if req.chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
         self.object = "chat.completion" if req.chat else "text_completion"
+        self.extra: dict[str, Any] = {}
+        """Fields beside OpenAI's (a pipeline's ``sources``): in the whole body, or in the
+        first chunk of a stream."""
 
     @staticmethod
     def usage(timing: Timing, completion_tokens: int) -> dict[str, Any]:
@@ -210,7 +218,7 @@ class Encoder:
             choice["text"] = text
         return orjson.dumps({"id": self.id, "object": self.object, "created": self.created,
                              "model": self.model, "choices": [choice],
-                             "usage": self.usage(timing, completion_tokens)})
+                             "usage": self.usage(timing, completion_tokens), **self.extra})
 
     def chunk(self, text: str | None, reason: str | None = None, role: bool = False,
               tokens: int = 0) -> bytes:
@@ -229,6 +237,9 @@ class Encoder:
                "choices": [choice]}
         if self.continuous:
             doc["usage"] = self.usage(self.timing, tokens)
+        if self.extra:
+            doc.update(self.extra)
+            self.extra = {}
         return self._event(doc)
 
     def usage_chunk(self, timing: Timing, completion_tokens: int) -> bytes:

@@ -1,0 +1,81 @@
+"""Pipelines built at start-up, after the models they call: their graphs (checked again
+against the loaded models), their steps, and the indexes and feature stores the steps share.
+
+Indexes: ``pydoc`` is the built-in one (``sokuji/retrieval``: Python's language reference),
+built into ``<cache_dir>/indexes/pydoc`` with the served encoder's runtime the first time it
+is needed (tens of seconds; then loaded in well under a second); any other name is the path
+of an index directory written by ``sokuji index build``. Feature stores: ``users`` is the
+built-in Feast repository (``sokuji/features``), on SQLite under ``<cache_dir>/features``
+or on the Redis of ``feature_store_redis_url``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sokuji.config import PipelineConfig, ServerConfig
+from sokuji.core.model import ServedModel
+from sokuji.errors import ConfigError
+from sokuji.pipelines.graph import check_pipeline
+from sokuji.pipelines.model import PipelineModel
+from sokuji.pipelines.steps import Resources
+
+log = logging.getLogger(__name__)
+EMBED_BATCH = 32
+
+
+def load_pipelines(pipelines: Sequence[PipelineConfig], config: ServerConfig,
+                   models: dict[str, ServedModel]) -> list[tuple[PipelineConfig, PipelineModel]]:
+    res = Resources(models=dict(models), cache_dir=config.cache_dir,
+                    open_index=lambda name, enc: open_index(name, enc, config.cache_dir),
+                    open_store=lambda name: open_store(name, config))
+    out = []
+    for i, pc in enumerate(pipelines):
+        at = f"pipelines[{i}]" if i < len(config.pipelines) else f"built-in pipeline {pc.name}"
+        graph = check_pipeline(pc, at, set(models))
+        out.append((pc, PipelineModel(graph, res, at)))
+    return out
+
+
+def _embedder(encoder: ServedModel | None) -> Any:
+    runtime = getattr(encoder, "runtime", None)
+    if runtime is None:
+        raise ConfigError("building an index needs an encoder served in this process "
+                          "(options.encoder)")
+
+    def embed(texts: list[str]) -> np.ndarray:
+        rows = []
+        for i in range(0, len(texts), EMBED_BATCH):
+            prepared = runtime.preprocess(texts[i:i + EMBED_BATCH])
+            rows.append(runtime.run_batch([prepared])[0])
+        return np.vstack(rows).astype(np.float32)
+    return embed
+
+
+def open_index(name: str, encoder: ServedModel | None, cache_dir: str) -> Any:
+    from sokuji.retrieval.index import HybridIndex
+
+    if name == "pydoc":
+        from sokuji.retrieval.corpus import ensure_pydoc_index
+
+        path = ensure_pydoc_index(Path(cache_dir) / "indexes" / "pydoc", _embedder(encoder))
+    else:
+        path = Path(name)
+    index = HybridIndex.load(path)
+    log.info("index %s loaded (%d passages)", name, len(index))
+    return index
+
+
+def open_store(name: str, config: ServerConfig) -> Any:
+    if name != "users":
+        raise ConfigError(f"unknown feature store '{name}' (the built-in one is 'users')")
+    from sokuji.features.store import FeatureStoreConfig, OnlineFeatures
+
+    cfg = FeatureStoreConfig(path=Path(config.cache_dir) / "features",
+                             redis_url=config.feature_store_redis_url or None)
+    return OnlineFeatures.open(cfg)

@@ -1,0 +1,276 @@
+"""A pipeline served under the model contract (``core/model.py``): addressed like a model,
+admitted like one, its steps run by ``run.py``.
+
+- ``check_admission``: the pipeline's own bound on requests in flight (``max_concurrency``)
+  and the admission of every model its steps call (a full LLM queue refuses the request
+  before any step runs: 429 at once, not after retrieval).
+- ``prepare(inputs, ctx)``: the request's inputs (a mapping) checked against the declared
+  ones: required present, unknown refused, strings / lists of strings / a chat's messages.
+- ``submit(prepared, ctx)``: starts every step (``Run``); the handle's ``result()`` is the
+  answer step's output (a generator's whole text), ``extra`` the extra outputs.
+- As a generator (its answer step generates text), ``submit_generation`` returns a handle
+  that quacks like a ``GenerationRequest`` (``next_events``, ``timing``, ``cancel``): the
+  OpenAI endpoints stream it unchanged. Its ``timing`` is the answer's generation timing,
+  arrival at the pipeline's arrival, with the steps' entries in front.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sokuji.config import PipelineConfig
+from sokuji.core import timing
+from sokuji.core.model import (
+    Capacity,
+    GenerationInput,
+    ModelKind,
+    ModelMetadata,
+    RequestContext,
+    TensorSpec,
+)
+from sokuji.errors import InvalidInput, Overloaded, SokujiError
+from sokuji.llm.request import Finish, Timing
+from sokuji.pipelines.graph import Graph
+from sokuji.pipelines.run import Run, StepFn
+from sokuji.pipelines.steps import Resources, build_step
+
+MAX_INPUT_CHARS = 64 * 1024
+"""The most characters one string input may have (the steps' own limits apply too)."""
+
+
+@dataclass(frozen=True)
+class PreparedPipeline:
+    inputs: dict[str, Any]
+
+
+class PipelineModel:
+    kind = ModelKind.PIPELINE
+
+    def __init__(self, graph: Graph, res: Resources, at: str) -> None:
+        self.graph = graph
+        self.config: PipelineConfig = graph.config
+        answer = graph.nodes[graph.output].config
+        self.generates = answer.kind == "model" and \
+            res.models[answer.model].kind is ModelKind.GENERATOR
+        """Its answer is generated text: also served on the OpenAI endpoints, streamed."""
+        self._timing: Any = None  # the timing of the generation being submitted (see below)
+        self.steps: list[StepFn] = [
+            build_step(n.config, f"{at}.steps[{n.index}]", res, lambda: self._timing)
+            for n in graph.nodes]
+        self.callees = [res.models[n.config.model] for n in graph.nodes
+                        if n.config.kind == "model"]
+        for n in graph.nodes:
+            enc = n.config.options.get("encoder") if n.config.kind == "retrieve" else None
+            if enc:
+                self.callees.append(res.models[enc])
+        self.in_flight = 0
+        self.started = False
+        self.on_done: Callable[[Run], None] | None = None
+        """Called (soon, on the loop) with each request's run once its steps are done:
+        the metrics."""
+        outputs = [TensorSpec(graph.nodes[graph.output].name, "BYTES", (-1,))]
+        outputs += [TensorSpec(graph.nodes[i].name, "BYTES", (-1,)) for i in graph.extra]
+        self.metadata = ModelMetadata(
+            "sokuji_pipeline",
+            tuple(TensorSpec(name, "BYTES", (-1,)) for name in self.config.inputs),
+            tuple(outputs))
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    @property
+    def alive(self) -> bool:
+        return self.started and all(m.alive for m in self.callees)
+
+    @property
+    def num_waiting(self) -> int:
+        return 0  # a pipeline queues nothing itself: its steps' models do
+
+    def capacity(self) -> Capacity:
+        return Capacity(ready=self.alive, num_waiting=0, num_running=self.in_flight,
+                        max_queue_depth=self.config.max_concurrency, drain_per_s=0.0)
+
+    def check_admission(self) -> None:
+        limit = self.config.max_concurrency
+        if limit and self.in_flight >= limit:
+            raise Overloaded(f"pipeline '{self.name}': {self.in_flight} requests in flight "
+                             f"(max_concurrency {limit})", retry_after_s=1)
+        for model in self.callees:
+            model.check_admission()
+
+    async def prepare(self, inputs: dict[str, Any], ctx: RequestContext) -> PreparedPipeline:
+        cfg = self.config
+        for name in cfg.inputs:
+            if inputs.get(name) is None:
+                raise InvalidInput(f"pipeline '{self.name}' needs input '{name}'", param=name)
+        for name, value in inputs.items():
+            if name not in cfg.inputs and name not in cfg.optional_inputs:
+                known = ", ".join((*cfg.inputs, *cfg.optional_inputs))
+                raise InvalidInput(f"pipeline '{self.name}' has no input '{name}' "
+                                   f"(inputs: {known})", param=name)
+            _check_value(name, value)
+        return PreparedPipeline(inputs)
+
+    def submit(self, prepared: PreparedPipeline, ctx: RequestContext) -> PipelineSubmission:
+        self.check_admission()
+        run = Run(self.graph, self.steps, prepared.inputs, ctx)
+        return PipelineSubmission(self, run, run.start())
+
+    def submit_generation(self, prepared: PreparedPipeline, ctx: RequestContext,
+                          answer: GenerationInput) -> PipelineGeneration:
+        """The answer's tokens as a generation's events (``generates`` only), sampled as
+        ``answer`` (the chat request) asks."""
+        self.check_admission()
+        run = Run(self.graph, self.steps, prepared.inputs, ctx, answer=answer)
+        timing_ = PipelineTiming(arrival_ns=ctx.arrival_ns)
+        timing_.run = run
+        return PipelineGeneration(self, run, timing_)
+
+    def chat_inputs(self, req: GenerationInput, user: str | None) -> dict[str, Any]:
+        """A chat request as the pipeline's inputs: the last user message, the messages,
+        the ``user`` field."""
+        if not req.chat or not req.messages:
+            raise InvalidInput(f"pipeline '{self.name}' answers chats: use "
+                               "/v1/chat/completions", param="model")
+        last = next((m.get("content") for m in reversed(req.messages)
+                     if m.get("role") == "user"), None)
+        if not isinstance(last, str) or not last.strip():
+            raise InvalidInput("the conversation needs a user message with text",
+                               param="messages")
+        inputs: dict[str, Any] = {self.config.chat_input: last}
+        if "messages" in self.config.optional_inputs:
+            inputs["messages"] = req.messages
+        if user is not None and "user" in (*self.config.inputs, *self.config.optional_inputs):
+            inputs["user"] = user
+        return inputs
+
+    def start(self) -> None:
+        self.started = True
+
+    async def stop(self) -> None:
+        self.started = False
+
+    def close(self) -> None:
+        pass
+
+
+def _check_value(name: str, value: Any) -> None:
+    if isinstance(value, str):
+        if len(value) > MAX_INPUT_CHARS:
+            raise InvalidInput(f"input '{name}' has {len(value)} characters; at most "
+                               f"{MAX_INPUT_CHARS}", param=name)
+        return
+    if isinstance(value, list) and all(isinstance(v, str | dict) for v in value):
+        if sum(len(v) if isinstance(v, str) else len(str(v)) for v in value) > MAX_INPUT_CHARS:
+            raise InvalidInput(f"input '{name}' is longer than {MAX_INPUT_CHARS} characters",
+                               param=name)
+        return
+    if isinstance(value, dict | int | float | bool):
+        return
+    raise InvalidInput(f"input '{name}' must be a string or a list of strings", param=name)
+
+
+class PipelineSubmission:
+    """The handle of a pipeline request (``Submission``)."""
+
+    def __init__(self, model: PipelineModel, run: Run, task: asyncio.Task[Any]) -> None:
+        self.model = model
+        self.run = run
+        self.task = task
+        model.in_flight += 1
+        task.add_done_callback(self._done)
+
+    def _done(self, _: Any) -> None:
+        self.model.in_flight -= 1
+        if self.model.on_done is not None:
+            asyncio.get_running_loop().call_soon(self.model.on_done, self.run)
+
+    async def result(self) -> Any:
+        return await self.task
+
+    async def events(self) -> AsyncIterator[Any]:
+        yield await self.task
+
+    def cancel(self) -> None:
+        self.run.cancel()
+        self.task.cancel()
+
+
+class PipelineGeneration:
+    """A pipeline whose answer is generated, as the OpenAI endpoints see a generation:
+    ``next_events()`` waits for the steps before the answer, then relays the answer's
+    ``Delta``s and ``Finish``; a failed step becomes a ``Finish`` carrying its error."""
+
+    def __init__(self, model: PipelineModel, run: Run, timing_: PipelineTiming) -> None:
+        self.model = model
+        self.run = run
+        self.timing = timing_
+        self.gen: Any = None
+        self.extra: dict[str, Any] = {}
+        self.cancelled = False
+        model.in_flight += 1
+        self._open = True
+        model._timing = timing_  # read by the answer step as it submits (synchronously)
+        try:
+            self.task = run.start()
+        finally:
+            model._timing = None
+
+    async def next_events(self) -> list[Any]:
+        if self.gen is None:
+            try:
+                self.gen = await self.task
+                self.extra = self.run.extra()
+            except asyncio.CancelledError:
+                self._close()
+                return [Finish("cancelled", 0)]
+            except SokujiError as exc:
+                self._close()
+                self.timing.end_ns = time.perf_counter_ns()
+                return [Finish("error", 0, exc)]
+            if self.cancelled:
+                self.gen.cancel()
+        events = await self.gen.next_events()
+        if isinstance(events[-1], Finish):
+            self.run.times[self.model.graph.output].end_ns = self.timing.end_ns or \
+                time.perf_counter_ns()
+            self._close()
+        return events
+
+    def _close(self) -> None:
+        if self._open:
+            self._open = False
+            self.model.in_flight -= 1
+            if self.model.on_done is not None:
+                asyncio.get_running_loop().call_soon(self.model.on_done, self.run)
+
+    def cancel(self) -> None:
+        """The caller went away (or is done): stop what runs; no longer in flight."""
+        self.cancelled = True
+        if self.gen is not None:
+            self.gen.cancel()
+        else:
+            self.run.cancel()
+            self.task.cancel()
+        self._close()
+
+    async def events(self) -> AsyncIterator[Any]:
+        while True:
+            for event in await self.next_events():
+                yield event
+                if isinstance(event, Finish):
+                    return
+
+
+class PipelineTiming(Timing):
+    """A generation's timing with the pipeline's steps in front."""
+
+    run: Run
+
+    def timing_entries(self) -> list[timing.Entry]:
+        return [*self.run.timing_entries(self.end_ns or None), *super().timing_entries()]

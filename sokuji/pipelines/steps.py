@@ -1,0 +1,211 @@
+"""What each kind of step does, built once per pipeline at start-up (``build_step``).
+
+- ``model``: a served model through the model contract, under its own admission and queue
+  and the request's context (tenant, priority, deadline). An encoder takes ``texts`` (a
+  string: one vector out; a list: one row each); a generator takes ``messages`` (a chat) or
+  ``prompt`` and returns its whole text, or, as the streamed answer, its handle.
+- ``retrieve``: hybrid retrieval (``sokuji/retrieval``): the query embedded by a served
+  encoder (through the contract: batched with everything else that model serves), then BM25
+  and the ANN index, fused; ``query`` and optional ``filters`` inputs. Output: the hits as
+  plain dicts (id, text, score, metadata).
+- ``features``: an online feature store lookup (``sokuji/features``, Feast) in a worker
+  thread; input ``entity_id``. Ids are namespaced by tenant (``<tenant>:<id>``) unless the
+  step's ``scope_by_tenant`` is false: one tenant cannot read another's users' features by
+  guessing their ids.
+- ``python``: a function by dotted path, called with the inputs as keyword arguments (and
+  ``options`` / ``ctx`` if it declares them); async functions are awaited, sync ones run on
+  the event loop (they must be quick) or, with ``options.thread = true``, in the
+  preparation pool.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from sokuji.config import StepConfig
+from sokuji.core import offload
+from sokuji.core.model import GenerationInput, ModelKind, RequestContext, ServedModel
+from sokuji.errors import ConfigError, InvalidInput
+
+if TYPE_CHECKING:
+    from sokuji.llm.request import Timing
+
+Step = Callable[[dict[str, Any], RequestContext, GenerationInput | None], Awaitable[Any]]
+GEN_OPTIONS = ("max_tokens", "temperature", "top_p", "seed", "stop", "min_tokens")
+
+
+@dataclass
+class Resources:
+    """What steps share, loaded once: indexes and feature stores by name, the served models,
+    and where built-in data lives."""
+
+    models: dict[str, ServedModel]
+    cache_dir: str
+    indexes: dict[str, Any] = field(default_factory=dict)
+    stores: dict[str, Any] = field(default_factory=dict)
+    open_index: Callable[[str, ServedModel | None], Any] | None = None
+    open_store: Callable[[str], Any] | None = None
+
+
+def build_step(cfg: StepConfig, at: str, res: Resources,
+               answer_timing: Callable[[], Timing | None]) -> Step:
+    """The step's work; ``ConfigError`` (naming ``at``) for what only shows at start-up."""
+    if cfg.kind == "model":
+        model = res.models[cfg.model]
+        if model.kind is ModelKind.GENERATOR:
+            return _generator_step(cfg, at, model, answer_timing)
+        return _encoder_step(model)
+    if cfg.kind == "retrieve":
+        return _retrieve_step(cfg, at, res)
+    if cfg.kind == "features":
+        return _features_step(cfg, at, res)
+    return _python_step(cfg, at)
+
+
+def _encoder_step(model: ServedModel) -> Step:
+    async def run(args: dict[str, Any], ctx: RequestContext, answer: GenerationInput | None) -> Any:
+        texts = args.get("texts")
+        one = isinstance(texts, str)
+        if one:
+            texts = [texts]
+        if not isinstance(texts, list) or not texts or not all(isinstance(t, str)
+                                                               for t in texts):
+            raise InvalidInput("'texts' must be a string or a non-empty list of strings")
+        model.check_admission()
+        prepared = await model.prepare(texts, ctx)
+        rows = await model.submit(prepared, ctx).result()
+        return rows[0] if one else rows
+    return run
+
+
+def _generator_step(cfg: StepConfig, at: str, model: ServedModel,
+                    answer_timing: Callable[[], Timing | None]) -> Step:
+    unknown = set(cfg.options) - set(GEN_OPTIONS)
+    if unknown:
+        raise ConfigError.for_key(f"{at}.options", sorted(unknown)[0],
+                                  f"unknown option; known: {', '.join(GEN_OPTIONS)}")
+    o = cfg.options
+    stop = o.get("stop", ())
+
+    async def run(args: dict[str, Any], ctx: RequestContext, answer: GenerationInput | None) -> Any:
+        messages, prompt = args.get("messages"), args.get("prompt")
+        if (messages is None) == (prompt is None):
+            raise InvalidInput("a generator step needs exactly one of 'messages' or 'prompt'")
+        if answer is None:
+            inputs = GenerationInput(
+                chat=messages is not None, messages=messages, prompt=prompt,
+                max_tokens=o.get("max_tokens"), max_tokens_field="max_tokens",
+                min_tokens=int(o.get("min_tokens", 0)), ignore_eos=False,
+                temperature=float(o.get("temperature", 0.0)), top_p=float(o.get("top_p", 1.0)),
+                stop=(stop,) if isinstance(stop, str) else tuple(stop), seed=o.get("seed"))
+        else:  # the chat request's answer: sampled as the client asks
+            inputs = dataclasses.replace(
+                answer, chat=messages is not None, messages=messages, prompt=prompt,
+                max_tokens=answer.max_tokens or o.get("max_tokens"))
+        model.check_admission()
+        prepared = await model.prepare(inputs, ctx)
+        if answer is not None:  # the caller relays its events; the pipeline's timing is its
+            return model.submit(prepared, ctx, timing=answer_timing())  # type: ignore[call-arg]
+        return (await model.submit(prepared, ctx).result()).text
+    return run
+
+
+def _retrieve_step(cfg: StepConfig, at: str, res: Resources) -> Step:
+    o = dict(cfg.options)
+    name = str(o.pop("index", "pydoc"))
+    encoder_name = o.pop("encoder", None)
+    encoder = res.models.get(encoder_name) if encoder_name else None
+    if encoder is not None and encoder.kind is not ModelKind.ENCODER:
+        raise ConfigError.for_key(f"{at}.options.encoder", encoder_name, "not an encoder")
+    if name not in res.indexes:
+        assert res.open_index is not None
+        res.indexes[name] = res.open_index(name, encoder)
+    index = res.indexes[name]
+    k, mode = int(o.pop("k", 5)), str(o.pop("mode", "hybrid"))
+    candidates, rerank = int(o.pop("candidates", 50)), bool(o.pop("rerank", False))
+    static_filters = o.pop("filters", None)
+    if o:
+        raise ConfigError.for_key(f"{at}.options", sorted(o)[0], "unknown option; known: "
+                                  "index, encoder, k, mode, candidates, rerank, filters")
+    if mode != "bm25" and encoder is None:
+        raise ConfigError.for_key(f"{at}.options.encoder", None,
+                                  f"mode '{mode}' needs the encoder that embeds queries")
+
+    async def run(args: dict[str, Any], ctx: RequestContext, answer: GenerationInput | None) -> Any:
+        query = args.get("query")
+        if not isinstance(query, str) or not query.strip():
+            raise InvalidInput("'query' must be a non-empty string")
+        filters = args.get("filters") or static_filters
+        vector = None
+        if mode != "bm25":
+            assert encoder is not None
+            encoder.check_admission()
+            prepared = await encoder.prepare([query], ctx)
+            vector = (await encoder.submit(prepared, ctx).result())[0]
+        hits = index.search(query, vector, k=k, mode=mode, filters=filters,
+                            candidates=candidates, rerank=rerank)
+        return [{"id": h.id, "text": h.text, "score": round(float(h.score), 6),
+                 "metadata": h.metadata} for h in hits]
+    return run
+
+
+def _features_step(cfg: StepConfig, at: str, res: Resources) -> Step:
+    o = dict(cfg.options)
+    store_name = str(o.pop("store", "users"))
+    entity = str(o.pop("entity", "user"))
+    features = o.pop("features", None)
+    scoped = bool(o.pop("scope_by_tenant", True))
+    if not isinstance(features, list | tuple) or not features:
+        raise ConfigError.for_key(f"{at}.options.features", features,
+                                  "must be a non-empty list of feature names")
+    if o:
+        raise ConfigError.for_key(f"{at}.options", sorted(o)[0], "unknown option; known: "
+                                  "store, entity, features, scope_by_tenant")
+    if store_name not in res.stores:
+        assert res.open_store is not None
+        res.stores[store_name] = res.open_store(store_name)
+    store = res.stores[store_name]
+    names = [str(f) for f in features]
+
+    async def run(args: dict[str, Any], ctx: RequestContext, answer: GenerationInput | None) -> Any:
+        entity_id = args.get("entity_id")
+        if entity_id is None:
+            return dict.fromkeys(names)  # nobody to look up: every feature unknown
+        if not isinstance(entity_id, str) or not 0 < len(entity_id) <= 256:
+            raise InvalidInput("'entity_id' must be a string of 1 to 256 characters")
+        key = f"{ctx.tenant}:{entity_id}" if scoped else entity_id
+        return await offload.run(store.get, entity, key, names)
+    return run
+
+
+def _python_step(cfg: StepConfig, at: str) -> Step:
+    module_name, _, attr = cfg.function.partition(":")
+    try:
+        fn = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError.for_key(f"{at}.function", cfg.function,
+                                  f"cannot be imported: {exc}") from None
+    params = inspect.signature(fn).parameters
+    extra: dict[str, Any] = {}
+    options = dict(cfg.options)
+    thread = bool(options.pop("thread", False))
+    if "options" in params:
+        extra["options"] = options
+    wants_ctx = "ctx" in params
+    if inspect.iscoroutinefunction(fn):
+        async def run_async(args: dict[str, Any], ctx: RequestContext,
+                            answer: GenerationInput | None) -> Any:
+            return await fn(**args, **extra, **({"ctx": ctx} if wants_ctx else {}))
+        return run_async
+
+    async def run(args: dict[str, Any], ctx: RequestContext, answer: GenerationInput | None) -> Any:
+        kwargs = {**args, **extra, **({"ctx": ctx} if wants_ctx else {})}
+        if thread:
+            return await offload.run(fn, **kwargs)
+        return fn(**kwargs)
+    return run
