@@ -66,7 +66,7 @@ def pipelines(config: ServerConfig) -> tuple[PipelineConfig, ...]:
         return ()
     if any(p.name == RAG for p in config.pipelines):
         return ()  # the configuration has its own
-    missing = [m for m in ("bm25s", "feast", "usearch")
+    missing = [m for m in ("bm25s", "feast", "faiss")
                if importlib.util.find_spec(m) is None]
     if missing:
         log.warning("built-in pipeline '%s' not served: %s not installed (pip install "
@@ -91,3 +91,8 @@ def rag_prompt(question: str, passages: list[dict[str, Any]],
         "given.", style, length)))
     return [{"role": "system", "content": system},
             {"role": "user", "content": f"Documentation:\n{quoted}\n\nQuestion: {question}"}]
+
+
+def identity(value: Any) -> Any:
+    """A step that passes its input on (for wiring, and to measure the pipeline layer)."""
+    return value

@@ -61,7 +61,7 @@ def open_index(name: str, encoder: ServedModel | None, cache_dir: str) -> Any:
     from sokuji.retrieval.index import HybridIndex
 
     if name == "pydoc":
-        from sokuji.retrieval.corpus import ensure_pydoc_index
+        from sokuji.retrieval.builtin import ensure_pydoc_index
 
         path = ensure_pydoc_index(Path(cache_dir) / "indexes" / "pydoc", _embedder(encoder))
     else:
