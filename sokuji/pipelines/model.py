@@ -35,7 +35,7 @@ from sokuji.core.model import (
 from sokuji.errors import InvalidInput, Overloaded, SokujiError
 from sokuji.llm.request import Finish, Timing
 from sokuji.pipelines.graph import Graph
-from sokuji.pipelines.run import Run, StepFn
+from sokuji.pipelines.run import Answer, Run, StepFn
 from sokuji.pipelines.steps import Resources, build_step
 
 MAX_INPUT_CHARS = 64 * 1024
@@ -57,10 +57,8 @@ class PipelineModel:
         self.generates = answer.kind == "model" and \
             res.models[answer.model].kind is ModelKind.GENERATOR
         """Its answer is generated text: also served on the OpenAI endpoints, streamed."""
-        self._timing: Any = None  # the timing of the generation being submitted (see below)
-        self.steps: list[StepFn] = [
-            build_step(n.config, f"{at}.steps[{n.index}]", res, lambda: self._timing)
-            for n in graph.nodes]
+        self.steps: list[StepFn] = [build_step(n.config, f"{at}.steps[{n.index}]", res)
+                                    for n in graph.nodes]
         self.callees = [res.models[n.config.model] for n in graph.nodes
                         if n.config.kind == "model"]
         for n in graph.nodes:
@@ -126,8 +124,8 @@ class PipelineModel:
         """The answer's tokens as a generation's events (``generates`` only), sampled as
         ``answer`` (the chat request) asks."""
         self.check_admission()
-        run = Run(self.graph, self.steps, prepared.inputs, ctx, answer=answer)
         timing_ = PipelineTiming(arrival_ns=ctx.arrival_ns)
+        run = Run(self.graph, self.steps, prepared.inputs, ctx, answer=Answer(answer, timing_))
         timing_.run = run
         return PipelineGeneration(self, run, timing_)
 
@@ -215,11 +213,7 @@ class PipelineGeneration:
         self.cancelled = False
         model.in_flight += 1
         self._open = True
-        model._timing = timing_  # read by the answer step as it submits (synchronously)
-        try:
-            self.task = run.start()
-        finally:
-            model._timing = None
+        self.task = run.start()
 
     async def next_events(self) -> list[Any]:
         if self.gen is None:

@@ -40,8 +40,18 @@ class StepTime:
     """ok | fallback | failed | timeout | cancelled ('' : never started)"""
 
 
-StepFn = Callable[[dict[str, Any], RequestContext, GenerationInput | None], Any]
-"""A step's work: (arguments, context, the chat request when this step is its streamed
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """A chat request whose answer step's events the caller relays: that step (a generator)
+    samples as ``request`` asks, records into ``timing`` (the pipeline's, arrival at the
+    pipeline's), and returns its handle, not its text."""
+
+    request: GenerationInput
+    timing: Any
+
+
+StepFn = Callable[[dict[str, Any], RequestContext, Answer | None], Any]
+"""A step's work: (arguments, context, the answer's request when this step is the streamed
 answer, else None) -> awaitable."""
 
 
@@ -52,14 +62,12 @@ class Run:
                  "tasks", "times")
 
     def __init__(self, graph: Graph, steps: list[StepFn], inputs: dict[str, Any],
-                 ctx: RequestContext, answer: GenerationInput | None = None) -> None:
+                 ctx: RequestContext, answer: Answer | None = None) -> None:
         self.graph = graph
         self.steps = steps
         self.inputs = inputs
         self.ctx = ctx
         self.answer = answer
-        """A chat request whose answer step's events the caller relays: that step (a
-        generator) samples as the request asks and returns its handle, not its text."""
         self.times = [StepTime() for _ in graph.nodes]
         self.outputs: list[Any] = [MISSING] * len(graph.nodes)
         self.tasks: list[asyncio.Task[Any]] = []

@@ -28,17 +28,15 @@ import inspect
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sokuji.config import StepConfig
 from sokuji.core import offload
 from sokuji.core.model import GenerationInput, ModelKind, RequestContext, ServedModel
 from sokuji.errors import ConfigError, InvalidInput
+from sokuji.pipelines.run import Answer
 
-if TYPE_CHECKING:
-    from sokuji.llm.request import Timing
-
-Step = Callable[[dict[str, Any], RequestContext, GenerationInput | None], Awaitable[Any]]
+Step = Callable[[dict[str, Any], RequestContext, Answer | None], Awaitable[Any]]
 INLINE_SEARCH_S = 0.001
 OPEN_TENANT = "anonymous"
 """Every caller of a server without API keys (``server/auth.py``)."""
@@ -58,13 +56,12 @@ class Resources:
     open_store: Callable[[str], Any] | None = None
 
 
-def build_step(cfg: StepConfig, at: str, res: Resources,
-               answer_timing: Callable[[], Timing | None]) -> Step:
+def build_step(cfg: StepConfig, at: str, res: Resources) -> Step:
     """The step's work; ``ConfigError`` (naming ``at``) for what only shows at start-up."""
     if cfg.kind == "model":
         model = res.models[cfg.model]
         if model.kind is ModelKind.GENERATOR:
-            return _generator_step(cfg, at, model, answer_timing)
+            return _generator_step(cfg, at, model)
         return _encoder_step(model)
     if cfg.kind == "retrieve":
         return _retrieve_step(cfg, at, res)
@@ -74,7 +71,7 @@ def build_step(cfg: StepConfig, at: str, res: Resources,
 
 
 def _encoder_step(model: ServedModel) -> Step:
-    async def run(args: dict[str, Any], ctx: RequestContext, answer: GenerationInput | None) -> Any:
+    async def run(args: dict[str, Any], ctx: RequestContext, answer: Answer | None) -> Any:
         texts = args.get("texts")
         one = isinstance(texts, str)
         if one:
@@ -89,8 +86,7 @@ def _encoder_step(model: ServedModel) -> Step:
     return run
 
 
-def _generator_step(cfg: StepConfig, at: str, model: ServedModel,
-                    answer_timing: Callable[[], Timing | None]) -> Step:
+def _generator_step(cfg: StepConfig, at: str, model: ServedModel) -> Step:
     unknown = set(cfg.options) - set(GEN_OPTIONS)
     if unknown:
         raise ConfigError.for_key(f"{at}.options", sorted(unknown)[0],
@@ -98,7 +94,7 @@ def _generator_step(cfg: StepConfig, at: str, model: ServedModel,
     o = cfg.options
     stop = o.get("stop", ())
 
-    async def run(args: dict[str, Any], ctx: RequestContext, answer: GenerationInput | None) -> Any:
+    async def run(args: dict[str, Any], ctx: RequestContext, answer: Answer | None) -> Any:
         messages, prompt = args.get("messages"), args.get("prompt")
         if (messages is None) == (prompt is None):
             raise InvalidInput("a generator step needs exactly one of 'messages' or 'prompt'")
@@ -111,12 +107,12 @@ def _generator_step(cfg: StepConfig, at: str, model: ServedModel,
                 stop=(stop,) if isinstance(stop, str) else tuple(stop), seed=o.get("seed"))
         else:  # the chat request's answer: sampled as the client asks
             inputs = dataclasses.replace(
-                answer, chat=messages is not None, messages=messages, prompt=prompt,
-                max_tokens=answer.max_tokens or o.get("max_tokens"))
+                answer.request, chat=messages is not None, messages=messages, prompt=prompt,
+                max_tokens=answer.request.max_tokens or o.get("max_tokens"))
         model.check_admission()
         prepared = await model.prepare(inputs, ctx)
         if answer is not None:  # the caller relays its events; the pipeline's timing is its
-            return model.submit(prepared, ctx, timing=answer_timing())  # type: ignore[call-arg]
+            return model.submit(prepared, ctx, timing=answer.timing)  # type: ignore[call-arg]
         return (await model.submit(prepared, ctx).result()).text
     return run
 
@@ -144,7 +140,7 @@ def _retrieve_step(cfg: StepConfig, at: str, res: Resources) -> Step:
 
     cost = [0.0]  # EWMA of an inline search's seconds
 
-    async def run(args: dict[str, Any], ctx: RequestContext, answer: GenerationInput | None) -> Any:
+    async def run(args: dict[str, Any], ctx: RequestContext, answer: Answer | None) -> Any:
         query = args.get("query")
         if not isinstance(query, str) or not query.strip():
             raise InvalidInput("'query' must be a non-empty string")
@@ -198,7 +194,7 @@ def _features_step(cfg: StepConfig, at: str, res: Resources) -> Step:
             raise ConfigError.for_key(f"{at}.options.features", name,
                                       f"not a feature of entity '{entity}'")
 
-    async def run(args: dict[str, Any], ctx: RequestContext, answer: GenerationInput | None) -> Any:
+    async def run(args: dict[str, Any], ctx: RequestContext, answer: Answer | None) -> Any:
         entity_id = args.get("entity_id")
         if entity_id is None:
             return dict.fromkeys(names)  # nobody to look up: every feature unknown
@@ -226,11 +222,11 @@ def _python_step(cfg: StepConfig, at: str) -> Step:
     wants_ctx = "ctx" in params
     if inspect.iscoroutinefunction(fn):
         async def run_async(args: dict[str, Any], ctx: RequestContext,
-                            answer: GenerationInput | None) -> Any:
+                            answer: Answer | None) -> Any:
             return await fn(**args, **extra, **({"ctx": ctx} if wants_ctx else {}))
         return run_async
 
-    async def run(args: dict[str, Any], ctx: RequestContext, answer: GenerationInput | None) -> Any:
+    async def run(args: dict[str, Any], ctx: RequestContext, answer: Answer | None) -> Any:
         kwargs = {**args, **extra, **({"ctx": ctx} if wants_ctx else {})}
         if thread:
             return await offload.run(fn, **kwargs)

@@ -11,6 +11,7 @@ import httpx
 import openai
 import pytest
 
+from sokuji.bench.engine import parse_server_timing
 from tests.conftest import CACHE_DIR
 from tests.integration.serving import sokuji_server
 
@@ -92,6 +93,12 @@ def test_the_answer_is_the_models_own_with_sources(client: openai.OpenAI) -> Non
                  "prefill", "decode"):
         assert f"{name};" in timing, name
     assert 'desc="facts>prompt>answer"' in timing
+    durations = parse_server_timing(timing)
+    # The answer's generation counts from the pipeline's arrival: its TTFT covers the steps.
+    assert 0 < durations["step.facts"] + durations["step.prompt"] < durations["ttft"]
+    assert durations["prefill"] > 0 and durations["preprocess"] >= 0
+    assert durations["ttft"] <= durations["total"] and \
+        durations["critical-path"] <= durations["total"]
     assert "facts;start=" in piped.headers["x-sokuji-pipeline-steps"]
 
 
