@@ -85,7 +85,7 @@ def decode(body: bytes, headers: Headers) -> tuple[dict[str, Any], str, dict[str
 def _tensor(name: str, value: Any) -> dict[str, Any]:
     if isinstance(value, np.ndarray) and value.dtype.kind in "fiu":
         return {"name": name, "datatype": "FP32", "shape": list(value.shape),
-                "data": value.astype(np.float32).ravel().tolist()}
+                "data": np.ascontiguousarray(value, dtype=np.float32).ravel()}
     if isinstance(value, str):
         return {"name": name, "datatype": "BYTES", "shape": [1], "data": [value]}
     if isinstance(value, list) and all(isinstance(v, str) for v in value):
@@ -116,7 +116,8 @@ async def infer(model: Model, pipe: PipelineModel, body: bytes, headers: Headers
             extra_headers[STEPS_HEADER] = handle.run.steps_header()
         tensors = [_tensor(pipe.graph.nodes[pipe.graph.output].name, answer)]
         tensors += [_tensor(name, value) for name, value in handle.run.extra().items()]
-        return Entry(np.frombuffer(orjson.dumps(tensors), dtype=np.uint8), 0)
+        body = orjson.dumps(tensors, option=orjson.OPT_SERIALIZE_NUMPY)
+        return Entry(np.frombuffer(body, dtype=np.uint8), 0)
 
     control = headers.get("cache-control", "").lower()
     if cache is None or not model.config.cache:
