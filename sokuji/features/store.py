@@ -238,6 +238,47 @@ class OnlineFeatures:
             raise StoreUnavailable("the feature store cannot be reached") from exc
         return cls(fs, cfg, report)
 
+    @classmethod
+    def from_repo(cls, repo_path: Path) -> OnlineFeatures:
+        """A user's own Feast repository (a directory with ``feature_store.yaml``), applied
+        and materialized by its owner (``feast apply``, ``feast materialize``), opened as it
+        is: its entities, views and online store (SQLite, Redis, ...) come from its config.
+        Blocking (imports Feast). ``ConfigError`` when it is not a Feast repository;
+        ``StoreUnavailable`` when its online store cannot be reached."""
+        import time
+
+        from sokuji.features.setup import import_feast
+
+        repo_path = Path(repo_path).absolute()
+        if not (repo_path / "feature_store.yaml").is_file():
+            raise ConfigError.for_key("store", str(repo_path),
+                                      "not a Feast repository (no feature_store.yaml)")
+        t0 = time.perf_counter()
+        imported = import_feast()
+        import feast
+
+        errors: tuple[type[BaseException], ...] = (sqlite3.Error, OSError)
+        try:
+            import redis
+
+            errors = (*errors, redis.exceptions.RedisError)
+        except ImportError:
+            pass
+        try:
+            fs = feast.FeatureStore(repo_path=str(repo_path))
+            report = SetupReport(False, imported, time.perf_counter() - t0, "", repo_path)
+            store = cls(fs, FeatureStoreConfig(path=repo_path), report)
+        except errors as exc:
+            log.warning("feature store %s unavailable at open: %r", repo_path, exc)
+            raise StoreUnavailable("the feature store cannot be reached") from exc
+        store._errors = errors
+        for entity, names in store._names.items():  # the first read, before any thread:
+            feature = next((n for n in names if ":" in n), None)  # Feast connects lazily
+            if feature is not None:
+                store.get(entity, "", [feature])
+                break
+        return store
+
     def entities(self) -> dict[str, list[str]]:
         """Entity name -> its feature names (bare and qualified): what ``get`` accepts, for
         validating a pipeline's configuration at start."""

@@ -6,7 +6,8 @@ built into ``<cache_dir>/indexes/pydoc`` with the served encoder's runtime the f
 is needed (tens of seconds; then loaded in well under a second); any other name is the path
 of an index directory written by ``sokuji index build``. Feature stores: ``users`` is the
 built-in Feast repository (``sokuji/features``), on SQLite under ``<cache_dir>/features``
-or on the Redis of ``feature_store_redis_url``.
+or on the Redis of ``feature_store_redis_url``; any other name is the path of a Feast
+repository (``feature_store.yaml``), applied and materialized by its owner.
 """
 
 from __future__ import annotations
@@ -72,9 +73,11 @@ def open_index(name: str, encoder: ServedModel | None, cache_dir: str) -> Any:
 
 
 def open_store(name: str, config: ServerConfig) -> Any:
-    if name != "users":
-        raise ConfigError(f"unknown feature store '{name}' (the built-in one is 'users')")
+    """``users``: the built-in store; any other name: the path of a Feast repository."""
     from sokuji.features.store import FeatureStoreConfig, OnlineFeatures
+
+    if name != "users":
+        return OnlineFeatures.from_repo(Path(name))
 
     cfg = FeatureStoreConfig(path=Path(config.cache_dir) / "features",
                              redis_url=config.feature_store_redis_url or None)

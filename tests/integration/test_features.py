@@ -278,3 +278,32 @@ def test_redis_down_or_silent_after_open_is_503_then_recovers(tmp_path: Path) ->
         store.close()
         proxy.close()
         server.stop()
+
+
+def test_a_users_own_feast_repository_is_served_as_it_is(sqlite_store: OnlineFeatures,
+                                                           tmp_path: Path) -> None:
+    """A directory with a feature_store.yaml (here: over the registry and online store the
+    built-in set-up wrote) opens as a store: same entities, same rows."""
+    cfg = sqlite_store._cfg
+    (tmp_path / "feature_store.yaml").write_text(
+        f"project: {cfg.project}\nprovider: local\n"
+        f"registry: {cfg.path / f'registry-{cfg.target_id()}.db'}\n"
+        f"online_store:\n  type: sqlite\n  path: {cfg.path / 'online.db'}\n"
+        "entity_key_serialization_version: 3\n")
+    own = OnlineFeatures.from_repo(tmp_path)
+    try:
+        assert own.entities() == sqlite_store.entities()
+        for row in (USERS[5], USERS[250]):
+            assert own.get("user", str(row["user_id"]), NAMES) == expected(row)
+        assert own.get("user", "nobody", ["plan"]) == {"plan": None}
+        with pytest.raises(InvalidInput, match="shoe_size"):
+            own.get("user", "user-0001", ["shoe_size"])
+    finally:
+        own.close()
+
+
+def test_a_directory_without_feature_store_yaml_is_refused(tmp_path: Path) -> None:
+    from sokuji.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="not a Feast repository"):
+        OnlineFeatures.from_repo(tmp_path)
