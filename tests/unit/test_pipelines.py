@@ -306,3 +306,44 @@ async def test_admission_bounds_the_requests_in_flight() -> None:
         assert pipe.in_flight == 0
     finally:
         await repo.stop()
+
+
+def test_an_oversized_input_is_refused_before_any_step(diamond: TestClient) -> None:
+    r = infer(diamond, "diamond", "x" * (64 * 1024 + 1))
+    assert r.status_code == 400 and "characters" in r.json()["error"]
+    assert "join" not in CALLS
+
+
+class _Store:
+    """A stand-in feature store that records the ids it is asked for (the real Feast store
+    is tested in tests/integration/test_features.py and through the rag pipeline)."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+
+    def entities(self) -> dict[str, list[str]]:
+        return {"user": ["plan"]}
+
+    def get(self, entity: str, entity_id: str, features: list[str]) -> dict[str, object]:
+        self.asked.append(entity_id)
+        return {"plan": "pro" if entity_id == "acme:ada" else None}
+
+
+async def test_feature_ids_are_namespaced_by_tenant_when_keys_exist() -> None:
+    """One tenant cannot read another's users' features by guessing their ids."""
+    from sokuji.pipelines.steps import Resources, build_step
+
+    store = _Store()
+    res = Resources(models={}, cache_dir="", stores={"users": store})
+    step = build_step(cfg.StepConfig(name="f", kind="features",
+                                     options={"features": ["plan"]}), "at", res)
+
+    def ctx(tenant: str) -> RequestContext:
+        return RequestContext(tenant, Priority.INTERACTIVE, None, time.perf_counter_ns())
+    assert await step({"entity_id": "ada"}, ctx("acme"), None) == {"plan": "pro"}
+    assert await step({"entity_id": "ada"}, ctx("globex"), None) == {"plan": None}
+    assert await step({"entity_id": "acme:ada"}, ctx("globex"), None) == {"plan": None}
+    assert await step({"entity_id": "ada"}, ctx("anonymous"), None) == {"plan": None}
+    assert store.asked == ["acme:ada", "globex:ada", "globex:acme:ada", "ada"]
+    with pytest.raises(InvalidInput):
+        await step({"entity_id": "x" * 257}, ctx("acme"), None)
