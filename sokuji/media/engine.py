@@ -1,0 +1,160 @@
+"""The contract between a media model's serving layer and its engine.
+
+The serving layer (``sokuji/media/model.py``) owns what every model shares: admission and
+deadlines (``core/policy.py``), the preparation pool, the request's Timeline, the protocols.
+An engine owns what is specific: decoding and checking a file, and running its ONNX sessions
+on threads of its own, batching work of many requests where that is exact.
+
+The way of one file::
+
+    decoded = engine.decode(data, clock)      # in the preparation pool: limits first, then
+                                              # decode (+ resize / resample); 4xx naming it
+    params = engine.parameters(raw)           # the request's V2 parameters, checked (400)
+    engine.enqueue(MediaJob(decoded, params, clock, deadline_ns, priority, done))
+    ...                                       # engine threads; at the end, from one of them:
+    job.done(result, None) | job.done(None, error)
+
+``done`` is called exactly once per job, from any thread (the serving layer hands it to the
+event loop). An error is a ``SokujiError`` (``DeadlineExceeded`` when the job was still
+waiting for its first stage at ``deadline_ns``; ``ModelNotReady`` when the engine stops);
+anything else is a bug (500).
+
+Stages are recorded in the job's ``StageClock`` as spans of ``perf_counter_ns``: the engine
+records its own (``image-decode``, ``resize``, ``det``, ``cls``, ``rec``; ``audio-decode``,
+``resample``, ``infer``), and a wait before a batched stage as ``<stage>-wait``. A batched
+stage's span is the batch's run, recorded in every job of the batch, with a note (``batch
+6 of 3 requests``).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from sokuji.core.model import ModelMetadata
+from sokuji.core.request import Priority
+
+
+@dataclass(slots=True)
+class Span:
+    name: str
+    start_ns: int
+    end_ns: int
+    note: str = ""
+
+
+class StageClock:
+    """A request's (one file's) stage spans, appended from any thread."""
+
+    __slots__ = ("_lock", "spans")
+
+    def __init__(self) -> None:
+        self.spans: list[Span] = []
+        self._lock = threading.Lock()
+
+    def add(self, name: str, start_ns: int, end_ns: int, note: str = "") -> None:
+        with self._lock:
+            self.spans.append(Span(name, start_ns, end_ns, note))
+
+    def totals_ns(self) -> dict[str, int]:
+        """Summed duration per stage name, in the order the stages first ran."""
+        out: dict[str, int] = {}
+        with self._lock:
+            for s in self.spans:
+                out[s.name] = out.get(s.name, 0) + (s.end_ns - s.start_ns)
+        return out
+
+    def first_start_ns(self, names: tuple[str, ...] | None = None) -> int | None:
+        """When the first span (of ``names``, if given) began."""
+        with self._lock:
+            starts = [s.start_ns for s in self.spans if names is None or s.name in names]
+        return min(starts) if starts else None
+
+
+@dataclass(slots=True, eq=False)
+class MediaJob:
+    """One file's work, as the serving layer hands it to the engine."""
+
+    decoded: Any
+    """What ``engine.decode`` returned."""
+    params: Mapping[str, Any]
+    """What ``engine.parameters`` returned."""
+    clock: StageClock
+    deadline_ns: int | None
+    """Absolute ``perf_counter_ns`` by which the job must have started its first engine
+    stage (det / infer), else it fails with ``DeadlineExceeded`` without running."""
+    priority: Priority
+    done: Callable[[Any, BaseException | None], None]
+    """Called exactly once, from any thread: (result, None) or (None, error)."""
+    enqueued_ns: int = 0
+    cancelled: bool = False
+    """Set by the serving layer when the client went away: skip the work, call ``done``."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """The engine's own per-job state."""
+
+
+class MediaEngine(Protocol):
+    # Read-only members (properties here, so that an engine may declare them as plain
+    # class attributes of narrower types).
+    @property
+    def input_name(self) -> str:
+        """The V2 input: ``image`` or ``audio``."""
+
+    @property
+    def metadata(self) -> ModelMetadata:
+        """V2 inputs (one BYTES input, shape [-1]) and outputs."""
+
+    @property
+    def stage_names(self) -> tuple[str, ...]:
+        """Every stage the engine records, in pipeline order (Server-Timing and metrics)."""
+
+    def load(self) -> None:
+        """Create the ONNX sessions (blocking)."""
+
+    def warmup(self) -> None:
+        """Run every session once on a small generated input (blocking)."""
+
+    def decode(self, data: bytes, clock: StageClock) -> Any:
+        """Check the file's limits from its header, then decode it into what ``enqueue``
+        takes (records ``image-decode`` + ``resize`` or ``audio-decode`` + ``resample``).
+        Raises ``InvalidInput`` (400), ``PayloadTooLarge`` (413) or ``UnsupportedMediaType``
+        (415) with a message naming the problem. Runs in the preparation pool."""
+
+    def parameters(self, raw: Mapping[str, Any]) -> Mapping[str, Any]:
+        """The request's parameters for this engine (known keys only; others ignored),
+        checked: ``InvalidInput`` naming the key."""
+
+    def enqueue(self, job: MediaJob) -> None:
+        """Queue ``job`` on the engine's threads (non-blocking)."""
+
+    def outputs(self, results: list[Any]) -> list[tuple[str, str, list[int], Any]]:
+        """V2 output tensors for the results of one request's files, in order:
+        (name, datatype, shape, data). data: a numpy array (numeric datatypes) or a list of
+        str (BYTES)."""
+
+    def plain(self, result: Any) -> dict[str, Any]:
+        """One file's result as plain JSON (the raw-file route)."""
+
+    @property
+    def num_queued(self) -> int:
+        """Jobs waiting for their first stage."""
+
+    @property
+    def num_running(self) -> int:
+        """Jobs past their first stage, not done."""
+
+    @property
+    def alive(self) -> bool:
+        """Every engine thread alive (after ``start``)."""
+
+    def start(self) -> None:
+        """Start the engine's threads."""
+
+    def stop(self) -> None:
+        """Stop taking jobs; jobs still waiting fail with ``ModelNotReady`` (``done``);
+        running ones finish. Blocking, bounded."""
+
+    def close(self) -> None:
+        """Free the sessions (after ``stop``)."""

@@ -1,0 +1,239 @@
+"""A media model (OCR, VAD) served under the model contract (``core/model.py``).
+
+- ``prepare(files, ctx)``: each file's limits from its header, then its decoding (and
+  resizing / resampling) in the ``sokuji-prep`` pool (``core/offload.py``): milliseconds to
+  tens of milliseconds a file, never on the event loop. A bad file is a 4xx naming it.
+- ``submit(prepared, ctx)``: admission (429: ``max_queue_depth`` files waiting for their
+  first stage, or ``max_concurrency`` files in flight) and the deadline check (504), both
+  from ``core/policy.py``; then one ``MediaJob`` per file to the engine, whose own threads
+  run the stages (batching across requests where that is exact). The engine calls ``done``
+  from its thread; one ``call_soon_threadsafe`` hands the result to the loop.
+- The request's Timeline: ``preprocess`` is the preparation pool's work (the engine's
+  ``image-decode`` + ``resize`` or ``audio-decode`` + ``resample`` and the hand-off),
+  ``queue`` lasts until the engine's first stage starts on any of the request's files,
+  ``infer`` until the last file is done, ``postprocess`` the hand-back. ``stage_entries``
+  details the engine's stages for ``Server-Timing``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sokuji.config import ModelConfig
+from sokuji.core import offload, timing
+from sokuji.core.model import Capacity, ModelKind, ModelMetadata, RequestContext
+from sokuji.core.policy import Admission, DrainRate, check_deadline
+from sokuji.core.request import Stage, Timeline
+from sokuji.errors import ModelNotReady, RuntimeFailed, SokujiError
+from sokuji.media.engine import MediaEngine, MediaJob, StageClock
+
+PREP_STAGES = frozenset({"image-decode", "resize", "audio-decode", "resample"})
+"""Stages an engine records in ``decode`` (the preparation pool), before its queue."""
+
+
+@dataclass
+class MediaPrepared:
+    files: list[tuple[Any, StageClock]]
+    """Each file decoded, with its stage clock."""
+    params: Mapping[str, Any]
+
+
+class MediaSubmission:
+    """The handle of one request's files: ``result()`` is their results, in order."""
+
+    def __init__(self, model: MediaModel, jobs: list[MediaJob],
+                 futures: list[asyncio.Future[Any]], timeline: Timeline | None) -> None:
+        self.model = model
+        self.jobs = jobs
+        self.futures = futures
+        self.timeline = timeline
+
+    async def result(self) -> list[Any]:
+        try:
+            results = list(await asyncio.gather(*self.futures))
+        except BaseException:
+            self.cancel()
+            raise
+        tl = self.timeline
+        if tl is not None:
+            starts = [s for s in (_first_run(j) for j in self.jobs) if s is not None]
+            if starts:
+                tl.mark(Stage.QUEUE, max(tl.last_ns, min(starts)))
+            done_ns = max((j.extra.get("done_ns", 0) for j in self.jobs), default=0)
+            tl.mark(Stage.INFER, max(tl.last_ns, done_ns))
+            tl.mark(Stage.POSTPROCESS)
+        return results
+
+    def events(self) -> Any:
+        raise NotImplementedError("a media model answers whole results")
+
+    def cancel(self) -> None:
+        for job in self.jobs:
+            job.cancelled = True
+        for fut in self.futures:
+            if not fut.done():
+                fut.cancel()
+
+    def stage_entries(self) -> list[timing.Entry]:
+        """The engine's stages, summed over the request's files, in the order they first
+        ran, each with its first note (a batch's size)."""
+        totals: dict[str, int] = {}
+        notes: dict[str, str] = {}
+        for job in self.jobs:
+            for span in list(job.clock.spans):
+                totals[span.name] = totals.get(span.name, 0) + span.end_ns - span.start_ns
+                if span.note and span.name not in notes:
+                    notes[span.name] = span.note
+        return [(name, ns / 1e6, notes.get(name)) for name, ns in totals.items()]
+
+    def stage_totals_s(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for job in self.jobs:
+            for name, ns in job.clock.totals_ns().items():
+                out[name] = out.get(name, 0.0) + ns / 1e9
+        return out
+
+
+def _never(result: Any, error: BaseException | None) -> None:
+    raise AssertionError("a job's done is bound before it is enqueued")
+
+
+def _first_run(job: MediaJob) -> int | None:
+    """When the engine's first stage (not a wait) began for this file."""
+    starts = [s.start_ns for s in list(job.clock.spans)
+              if s.name not in PREP_STAGES and not s.name.endswith("-wait")]
+    return min(starts) if starts else None
+
+
+class MediaModel:
+    kind = ModelKind.MEDIA
+
+    def __init__(self, config: ModelConfig, engine: MediaEngine) -> None:
+        self.config = config
+        self.engine = engine
+        self.metadata: ModelMetadata = engine.metadata
+        self.admission = Admission(config.name, config.max_queue_depth,
+                                   config.max_concurrency, what="files")
+        self.drain = DrainRate(servers=1)
+        self.num_admitted = 0
+        """Files submitted and not done (waiting or running)."""
+        self._started = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    @property
+    def input_name(self) -> str:
+        return self.engine.input_name
+
+    @property
+    def alive(self) -> bool:
+        return self._started and self.engine.alive
+
+    @property
+    def num_waiting(self) -> int:
+        return self.engine.num_queued
+
+    def capacity(self) -> Capacity:
+        waiting = self.engine.num_queued
+        return Capacity(ready=self.alive, num_waiting=waiting,
+                        num_running=max(0, self.num_admitted - waiting),
+                        max_queue_depth=self.config.max_queue_depth,
+                        drain_per_s=self.drain.per_s)
+
+    def check_admission(self, files: int = 1) -> None:
+        waiting = self.engine.num_queued
+        if self.admission.refuses(waiting + files - 1, self.num_admitted + files - 1):
+            self.admission.check(waiting + files - 1, self.num_admitted + files - 1,
+                                 lambda: float(waiting), self.drain.per_s)
+
+    def parameters(self, raw: Mapping[str, Any]) -> Mapping[str, Any]:
+        return self.engine.parameters(raw)
+
+    async def prepare(self, inputs: tuple[list[bytes], Mapping[str, Any]],
+                      ctx: RequestContext) -> MediaPrepared:
+        """``inputs``: the files and the request's raw parameters."""
+        files, raw = inputs
+        params = self.engine.parameters(raw)
+        decoded = await offload.run(self._decode_all, files)
+        if ctx.timeline is not None:
+            ctx.timeline.mark(Stage.PREPROCESS)
+        return MediaPrepared(decoded, params)
+
+    def _decode_all(self, files: list[bytes]) -> list[tuple[Any, StageClock]]:
+        out = []
+        for data in files:
+            clock = StageClock()
+            out.append((self.engine.decode(data, clock), clock))
+        return out
+
+    def submit(self, prepared: MediaPrepared, ctx: RequestContext) -> MediaSubmission:
+        if not self._started or self._loop is None:
+            raise ModelNotReady(f"model '{self.name}' is not ready")
+        n = len(prepared.files)
+        self.check_admission(n)
+        now = time.perf_counter_ns()
+        check_deadline(ctx.deadline_ns, now, float(self.engine.num_queued), self.drain.per_s,
+                       saturated=self.engine.num_running > 0)
+        jobs, futures = [], []
+        for decoded, clock in prepared.files:
+            job = MediaJob(decoded, prepared.params, clock, ctx.deadline_ns, ctx.priority,
+                           _never, enqueued_ns=now)
+            futures.append(self._bind(job))
+            jobs.append(job)
+        self.num_admitted += n
+        for job in jobs:
+            try:
+                self.engine.enqueue(job)
+            except SokujiError as exc:
+                job.done(None, exc)
+        return MediaSubmission(self, jobs, futures, ctx.timeline)
+
+    def _bind(self, job: MediaJob) -> asyncio.Future[Any]:
+        """Give ``job`` its ``done``: once, from any thread, to the future on the loop."""
+        loop = self._loop
+        assert loop is not None
+        fut: asyncio.Future[Any] = loop.create_future()
+        called = threading.Lock()
+
+        def finish(result: Any, error: BaseException | None) -> None:
+            self.num_admitted -= 1
+            started = _first_run(job)
+            if error is None and started is not None:
+                self.drain.observe(1, (job.extra["done_ns"] - started) / 1e9)
+            if fut.done():  # cancelled: the client went away
+                return
+            if error is None:
+                fut.set_result(result)
+            elif isinstance(error, SokujiError):
+                fut.set_exception(error)
+            else:  # a bug in the engine: a 500 that says so, never a hang
+                fut.set_exception(RuntimeFailed(f"model '{self.name}' failed: {error!r}"))
+
+        def done(result: Any, error: BaseException | None) -> None:
+            if not called.acquire(blocking=False):
+                return  # the contract says once; a second call must not count twice
+            job.extra["done_ns"] = time.perf_counter_ns()
+            loop.call_soon_threadsafe(finish, result, error)
+
+        job.done = done
+        return fut
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self.engine.start()
+        self._started = True
+
+    async def stop(self) -> None:
+        self._started = False
+        await asyncio.to_thread(self.engine.stop)
+
+    def close(self) -> None:
+        self.engine.close()
