@@ -45,6 +45,8 @@ from sokuji.errors import ConfigError
 ENV_PREFIX = "SOKUJI_"
 DEFAULT_MODEL_NAME = "minilm"
 DEFAULT_LLM_NAME = "smollm2"
+DEFAULT_OCR_NAME = "ocr"
+DEFAULT_VAD_NAME = "vad"
 
 
 class BatchPolicy(enum.StrEnum):
@@ -65,7 +67,7 @@ Secret = Annotated[str, _why("must be a string, empty or of at least 16 characte
                              pattern=r"\A(?s:.{16,})?\Z")]
 Hosts = Annotated[tuple[str, ...], _why("must be a list of hosts or CIDR networks")]
 Priority = Literal["interactive", "batch"]
-RUNTIMES = ("onnx", "synthetic", "llama")
+RUNTIMES = ("onnx", "synthetic", "llama", "ocr", "vad")
 Runtime = Annotated[str, _why(f"must be one of: {', '.join(RUNTIMES)}",
                               pattern=rf"\A({'|'.join(RUNTIMES)})\Z")]
 
@@ -77,6 +79,8 @@ class _Table(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
 class ModelConfig(_Table, frozen=True):
     name: Annotated[str, _why("must be non-empty, without '/'", pattern=r"\A[^/]+\Z")]
     runtime: Runtime = "onnx"
+    """onnx (a text encoder), synthetic, llama (GGUF), ocr (PP-OCR: images -> text lines),
+    vad (silero-vad: audio -> speech segments)."""
     path: str | None = None
     """ONNX file (runtime onnx). None for the built-in ``minilm``: exported into the cache."""
     tokenizer: str | None = None
@@ -106,6 +110,9 @@ class ModelConfig(_Table, frozen=True):
     """Cache this model's responses (the server-wide [cache] must be enabled too)."""
     options: Mapping[str, Any] = field(default_factory=dict)
     """Runtime-specific options, validated by the runtime at load."""
+    max_request_bytes: Annotated[int, Meta(ge=1024)] | None = None
+    """This model's request body limit; None: the server's ``max_request_bytes``. Media
+    models (images, audio files) need more than text models."""
     variant: Annotated[str, _why("must be auto, fp32 or a variant name (int8, ...)",
                                  pattern=r"\A(auto|[a-z0-9][a-z0-9-]{0,31})\Z")] = "fp32"
     """ONNX models: which file serves: fp32 (the original), auto (the variant `sokuji
@@ -264,7 +271,12 @@ class ServerConfig(_Table, frozen=True):
     models: Annotated[tuple[ModelConfig, ...],
                       _why("must be an array of tables, at least one", min_length=1)] = (
         ModelConfig(name=DEFAULT_MODEL_NAME),
-        ModelConfig(name=DEFAULT_LLM_NAME, runtime="llama", max_queue_depth=256, cache=False))
+        ModelConfig(name=DEFAULT_LLM_NAME, runtime="llama", max_queue_depth=256, cache=False),
+        # A queued image holds its detection input (float32, 6-48 MB): 32 bound the memory.
+        ModelConfig(name=DEFAULT_OCR_NAME, runtime="ocr", max_batch_size=8, max_queue_depth=32,
+                    max_request_bytes=32 * 1024 * 1024),
+        ModelConfig(name=DEFAULT_VAD_NAME, runtime="vad", max_batch_size=8, max_queue_depth=64,
+                    max_request_bytes=64 * 1024 * 1024))
     pipelines: tuple[PipelineConfig, ...] = ()
     feature_store_redis_url: str = ""
     """The built-in feature store's online store: SQLite under cache_dir when empty, else

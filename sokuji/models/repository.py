@@ -29,6 +29,8 @@ from sokuji.runtimes.base import Runtime
 
 if TYPE_CHECKING:
     from sokuji.llm.generator import GeneratorModel
+    from sokuji.media.engine import MediaEngine
+    from sokuji.media.model import MediaModel
     from sokuji.pipelines.model import PipelineModel
 
 log = logging.getLogger(__name__)
@@ -65,6 +67,28 @@ def _build_llama(model: ModelConfig, server: ServerConfig) -> GeneratorModel:
     if model.warmup:
         runtime.warmup()
     return GeneratorModel(model, runtime)
+
+
+def _build_media(model: ModelConfig, server: ServerConfig) -> ServedModel:
+    """An OCR or VAD engine (``sokuji/vision``, ``sokuji/audio``) under ``MediaModel``."""
+    from sokuji.media.model import MediaModel
+
+    engine: MediaEngine
+    # The model's aging rule reaches the engine's queues as an option (an explicit option
+    # wins).
+    options = {"priority_aging_ms": model.priority_aging_ms, **model.options}
+    if model.runtime == "ocr":
+        from sokuji.vision.ocr import OcrEngine
+
+        engine = OcrEngine(model.name, options, model.intra_op_threads)
+    else:
+        from sokuji.audio.vad import VadEngine
+
+        engine = VadEngine(model.name, options, model.intra_op_threads)
+    engine.load()
+    if model.warmup:
+        engine.warmup()
+    return MediaModel(model, engine)
 
 
 RUNTIME_BUILDERS: dict[str, Callable[[ModelConfig, ServerConfig], Runtime]] = {
@@ -119,9 +143,17 @@ class Model:
             if self.kind is ModelKind.PIPELINE:
                 raise InvalidInput(f"'{self.name}' is a pipeline: use /v2/models/{self.name}"
                                    "/infer or /v1/chat/completions", param="model")
+            if self.kind is ModelKind.MEDIA:
+                what = self.metadata.inputs[0].name
+                raise InvalidInput(f"model '{self.name}' takes {what} files: use "
+                                   f"/v2/models/{self.name}/infer", param="model")
             raise InvalidInput(f"model '{self.name}' generates text: use "
                                "/v1/chat/completions or /v1/completions", param="model")
         return self.served
+
+    def media(self) -> MediaModel | None:
+        """The model as a media model (OCR, VAD); None for others."""
+        return cast("MediaModel", self.served) if self.kind is ModelKind.MEDIA else None
 
     def pipeline(self) -> PipelineModel | None:
         """The model as a pipeline; None for a model."""
@@ -133,6 +165,9 @@ class Model:
         if self.served.kind is not ModelKind.GENERATOR:
             if self.kind is ModelKind.PIPELINE:
                 raise InvalidInput(f"pipeline '{self.name}' does not generate text: use "
+                                   f"/v2/models/{self.name}/infer", param="model")
+            if self.kind is ModelKind.MEDIA:
+                raise InvalidInput(f"model '{self.name}' does not generate text: use "
                                    f"/v2/models/{self.name}/infer", param="model")
             raise InvalidInput(f"model '{self.name}' does not generate text (it is an "
                                "encoder: use /v1/embeddings or /v2/models/"
@@ -167,8 +202,9 @@ class ModelRepository:
             if mc.runtime == "onnx":
                 repo.models[mc.name] = _load_onnx(mc, config, on_batch)
                 continue
-            if mc.runtime == "llama":
-                repo.models[mc.name] = Model(mc, _build_llama(mc, config))
+            if mc.runtime in ("llama", "ocr", "vad"):
+                build = _build_llama if mc.runtime == "llama" else _build_media
+                repo.models[mc.name] = Model(mc, build(mc, config))
                 log.info("model %s loaded (runtime %s)", mc.name, mc.runtime)
                 continue
             runtime = RUNTIME_BUILDERS[mc.runtime](mc, config)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -161,9 +161,11 @@ class Metrics:
             "served as versions, under model=\"name@variant\").", ["model", "variant"],
             registry=r)
         self.llm = GenerationMetrics(r)
+        from sokuji.observability.media import MediaMetrics
         from sokuji.observability.pipelines import PipelineMetrics
 
         self.pipelines = PipelineMetrics(r)
+        self.media = MediaMetrics(r)
 
     def add_model(self, name: str, queue: _Queue) -> None:
         self._timings[name] = TimingHistograms()
@@ -198,6 +200,14 @@ class Metrics:
             hist.record(timeline)
         else:
             self.requests.labels(model, str(status)).inc()
+
+    def observe_media(self, model: str, jobs: list[Any]) -> None:
+        """A media model's request (its files' jobs): stage histograms, and one execution
+        of ``len(jobs)`` inferences in Triton's statistics."""
+        self.media.observe(model, jobs)
+        counters = self._counters.get(model)
+        if counters is not None:
+            counters.batch(len(jobs))
 
     def observe_generation(self, model: str, timing: Timing, completion_tokens: int,
                            status: int, count: bool = True) -> None:

@@ -62,6 +62,10 @@ def build_step(cfg: StepConfig, at: str, res: Resources) -> Step:
         model = res.models[cfg.model]
         if model.kind is ModelKind.GENERATOR:
             return _generator_step(cfg, at, model)
+        if model.kind is not ModelKind.ENCODER:  # a pipeline passes strings, not files
+            raise ConfigError.for_key(f"{at}.model", cfg.model,
+                                      f"a {model.kind} model cannot be a step (yet): steps "
+                                      "call encoders and generators")
         return _encoder_step(model)
     if cfg.kind == "retrieve":
         return _retrieve_step(cfg, at, res)

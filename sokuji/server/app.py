@@ -39,7 +39,7 @@ from sokuji.errors import (
 from sokuji.models.encoder import EncoderModel
 from sokuji.models.repository import Model, ModelRepository
 from sokuji.observability.metrics import Metrics
-from sokuji.server import backends, llm_api, openai_api, scheduling, v2
+from sokuji.server import backends, llm_api, media_http, openai_api, scheduling, v2
 from sokuji.server.auth import Authenticator, Tenant
 from sokuji.server.control import ControlPlane
 from sokuji.server.failures import ErrorStyle, error_reply, to_error
@@ -110,6 +110,8 @@ class Inference:
         model = self.repo.get_ready(params["model_name"], params.get("version"))
         if model.kind is ModelKind.PIPELINE:
             return await self._pipeline(model, headers, receive, tl, tenant)
+        if model.kind is ModelKind.MEDIA:
+            return await media_http.infer(self, model, headers, receive, tl, tenant)
         encoder = model.embedder()
         encoder.check_admission()  # refuse before reading the body
         header_len = headers.get(v2.HEADER_LENGTH)
@@ -246,10 +248,22 @@ class SokujiApp:
         elif self.jobs is not None and "respond-async" in headers.get("prefer", ""):
             reply = await self.guard(method, path, {}, self.jobs.submit(
                 path, headers, receive, tenant), style)
+        elif route is not None and media_http.streams(self.inference.repo, route[1], headers):
+            reply = await self.guard(method, path, route[1], media_http.stream(
+                self.inference, route[1], headers, scope.get("query_string", b""), receive,
+                send, t0, tenant), style, t0)
         else:
             reply = await self.respond(method, path, headers, receive, t0, tenant, route)
         if reply is not None:
             await reply.send(send)
+
+    def body_limit(self, path: str) -> int:
+        """The request body limit of ``path``: its model's own, else the server's."""
+        route = self.route(path)
+        model = self.inference.repo.models.get(route[1].get("model_name", "")) \
+            if route is not None else None
+        own = model.config.max_request_bytes if model is not None else None
+        return own or self.inference.config.max_request_bytes
 
     def check_job(self, path: str, body: bytes, tenant: Tenant) -> None:
         """What is known before a job is accepted: its model exists and the tenant may use it.
@@ -376,4 +390,6 @@ def create_app(config: ServerConfig, repo: ModelRepository,
     control_plane = Starlette(routes=cp.routes(), lifespan=lifespan,
                               exception_handlers=cp.handlers())
     app_ = SokujiApp(inference, control_plane, jobs)
+    if jobs is not None:
+        jobs.limit_of = app_.body_limit
     return app_

@@ -100,6 +100,8 @@ class JobService:
         self.jobs = j
         self.config = config
         self.max_request_bytes = config.max_request_bytes
+        self.limit_of: Callable[[str], int] | None = None
+        """The body limit of a path's model (media models have their own), if known."""
         self.max_stored_bytes = j.max_stored_bytes_per_tenant
         self._keys = {key_id(k.key): k for k in config.api_keys}
         self._global_allow = Allowlist.of(j.callback_allow)
@@ -143,7 +145,8 @@ class JobService:
         callback = headers.get(CALLBACK_HEADER)
         if callback is not None:
             parse(callback)  # its shape: a 400 before the body is read
-        body = await read_body(receive, headers, self.max_request_bytes)
+        limit = self.limit_of(path) if self.limit_of is not None else self.max_request_bytes
+        body = await read_body(receive, headers, limit)
         if self._check is not None:
             self._check(path, body, tenant)
         kept = {k: headers[k] for k in KEPT_HEADERS if k in headers}

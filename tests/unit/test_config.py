@@ -17,8 +17,8 @@ def write(tmp_path: Path, text: str) -> Path:
 def test_defaults_serve_the_builtin_model() -> None:
     config = cfg.load(env={})
     assert config.port == 8000 and config.host == "127.0.0.1"
-    assert [m.name for m in config.models] == ["minilm", "smollm2"]
-    assert [m.runtime for m in config.models] == ["onnx", "llama"]
+    assert [m.name for m in config.models] == ["minilm", "smollm2", "ocr", "vad"]
+    assert [m.runtime for m in config.models] == ["onnx", "llama", "ocr", "vad"]
     assert config.models[0].batching is cfg.BatchPolicy.LENGTH
 
 
@@ -206,7 +206,7 @@ def test_url_passwords_are_masked_in_any_value() -> None:
      "Config 'models[0].path' has value 5: not a string"),
     ('[[models]]\nname="m"\nruntime="tensorflow"\n',
      "Config 'models[0].runtime' has value 'tensorflow': must be one of: onnx, synthetic, "
-     "llama"),
+     "llama, ocr, vad"),
     ('[[models]]\nname="m"\nbatching="random"\n',
      "Config 'models[0].batching' has value 'random': must be length or fifo"),
     ('[[models]]\nname="a/b"\nruntime="synthetic"\n',

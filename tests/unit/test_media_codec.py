@@ -1,0 +1,111 @@
+"""The media codec (``server/media_api.py``): files as V2 BYTES (binary extension, base64),
+plain uploads, outputs as JSON or binary tensors. No model needed."""
+
+from __future__ import annotations
+
+import base64
+import struct
+
+import numpy as np
+import orjson
+import pytest
+
+from sokuji.errors import BadRequest, InvalidInput, TooManyItems, UnsupportedMediaType
+from sokuji.server import media_api
+
+PNGISH = b"\x89PNG\r\n\x1a\n\xff\xfe\x00 not utf-8 \x80"
+
+
+def binary_request(files: list[bytes], **doc: object) -> tuple[bytes, int]:
+    blob = b"".join(struct.pack("<I", len(f)) + f for f in files)
+    head = orjson.dumps({"inputs": [{"name": "image", "datatype": "BYTES",
+                                     "shape": [len(files)],
+                                     "parameters": {"binary_data_size": len(blob)}}], **doc})
+    return head + blob, len(head)
+
+
+def test_binary_files_come_through_byte_for_byte() -> None:
+    body, head = binary_request([PNGISH, b"second"], id="r1",
+                                outputs=[{"name": "text", "parameters": {"binary_data": True}}])
+    files, rid, params, wanted = media_api.decode_v2(body, head, "image", 4)
+    assert files == [PNGISH, b"second"]  # no UTF-8 decoding anywhere
+    assert rid == "r1" and params == {} and wanted == {"text": True}
+
+
+def test_base64_json_files() -> None:
+    doc = {"inputs": [{"name": "image", "datatype": "BYTES", "shape": [1, 1],
+                       "data": [[base64.b64encode(PNGISH).decode()]]}],
+           "parameters": {"text_score": 0.6}}
+    files, _, params, wanted = media_api.decode_v2(orjson.dumps(doc), None, "image", 4)
+    assert files == [PNGISH] and params == {"text_score": 0.6} and wanted == {"*": False}
+
+
+@pytest.mark.parametrize(("doc", "words"), [
+    ({"inputs": [{"name": "image", "datatype": "BYTES", "shape": [1], "data": ["@@"]}]},
+     "base64"),
+    ({"inputs": [{"name": "image", "datatype": "BYTES", "shape": [1], "data": [7]}]},
+     "base64 string"),
+    ({"inputs": []}, "one input"),
+    ({"inputs": [{"name": "image", "datatype": "BYTES", "shape": [2], "data": ["AA=="]}]},
+     "shape"),
+    ({"inputs": [{"name": "image", "datatype": "BYTES", "shape": [0], "data": []}]}, "empty"),
+    ({"inputs": [{"name": "image", "datatype": "BYTES", "shape": [1]}]}, "neither"),
+    ({"id": 5, "inputs": []}, "'id'"),
+    ({"inputs": [{"name": "image", "datatype": "BYTES", "shape": [1], "data": ["AA=="]}],
+      "outputs": [{"name": 3}]}, r"outputs\[0\]"),
+])
+def test_bad_v2_bodies(doc: dict[str, object], words: str) -> None:
+    with pytest.raises(InvalidInput, match=words):
+        media_api.decode_v2(orjson.dumps(doc), None, "image", 4)
+
+
+def test_binary_sizes_that_lie_are_refused() -> None:
+    blob = struct.pack("<I", 99) + b"abc"  # says 99 bytes, has 3
+    head = orjson.dumps({"inputs": [{"name": "image", "datatype": "BYTES", "shape": [1],
+                                     "parameters": {"binary_data_size": len(blob)}}]})
+    with pytest.raises(InvalidInput, match="overruns"):
+        media_api.decode_v2(head + blob, len(head), "image", 4)
+    body, head_len = binary_request([PNGISH])
+    head = head_len
+    with pytest.raises(InvalidInput, match="belong to no input"):
+        media_api.decode_v2(body + b"extra", head, "image", 4)
+    with pytest.raises(BadRequest, match="does not fit"):
+        media_api.decode_v2(body, len(body) + 1, "image", 4)
+
+
+def test_too_many_files() -> None:
+    body, head = binary_request([b"a"] * 5)
+    with pytest.raises(TooManyItems, match="at most 4"):
+        media_api.decode_v2(body, head, "image", 4)
+
+
+@pytest.mark.parametrize(("ctype", "kind"), [
+    (None, "v2"), ("application/json", "v2"), ("image/png", "raw"), ("audio/wav", "raw"),
+    ("application/octet-stream", "raw"), ("multipart/form-data; boundary=x", "multipart")])
+def test_body_kinds(ctype: str | None, kind: str) -> None:
+    headers = {} if ctype is None else {"content-type": ctype}
+    assert media_api.body_kind(headers) == kind
+
+
+def test_octet_stream_with_the_binary_header_is_v2_and_others_are_refused() -> None:
+    assert media_api.body_kind({"content-type": "application/octet-stream",
+                                "inference-header-content-length": "10"}) == "v2"
+    with pytest.raises(UnsupportedMediaType, match="text/plain"):
+        media_api.body_kind({"content-type": "text/plain"})
+
+
+def test_outputs_json_and_binary() -> None:
+    tensors = [("text", "BYTES", [2], ["héllo", "b"]),
+               ("scores", "FP32", [2], np.array([0.5, 0.25])),
+               ("image_index", "INT32", [2], np.array([0, 1]))]
+    docs, blobs = media_api.encode_outputs(tensors, {"*": False})
+    assert docs[0]["data"] == ["héllo", "b"] and not blobs
+    docs, blobs = media_api.encode_outputs(tensors, {"text": True, "image_index": False})
+    assert [d["name"] for d in docs] == ["text", "image_index"]
+    raw = "héllo".encode()
+    assert blobs == [struct.pack("<I", len(raw)) + raw + struct.pack("<I", 1) + b"b"]
+    assert docs[0]["parameters"]["binary_data_size"] == len(blobs[0])
+    _, blobs = media_api.encode_outputs(tensors, {"scores": True})
+    assert np.frombuffer(blobs[0], np.float32).tolist() == [0.5, 0.25]
+    with pytest.raises(InvalidInput, match="nope"):
+        media_api.encode_outputs(tensors, {"nope": False})
