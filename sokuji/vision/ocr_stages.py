@@ -34,6 +34,9 @@ from rapidocr_onnxruntime.ch_ppocr_rec.text_recognize import TextRecognizer
 from rapidocr_onnxruntime.ch_ppocr_rec.utils import CTCLabelDecode
 from rapidocr_onnxruntime.main import DEFAULT_CFG_PATH, RapidOCR
 from rapidocr_onnxruntime.utils import read_yaml
+from rapidocr_onnxruntime.utils.process_img import ResizeImgError
+
+from sokuji.errors import InvalidInput
 
 CONFIG: dict[str, dict[str, Any]] = read_yaml(DEFAULT_CFG_PATH)
 GLOBAL, DET, CLS, REC = CONFIG["Global"], CONFIG["Det"], CONFIG["Cls"], CONFIG["Rec"]
@@ -104,7 +107,13 @@ class Prepared:
 def prepare(img: np.ndarray) -> Prepared:
     """``RapidOCR.preprocess`` + ``maybe_add_letterbox`` + det's resize and normalise."""
     raw_h, raw_w = img.shape[:2]
-    img, ratio_h, ratio_w = _OCR.preprocess(img)
+    try:
+        img, ratio_h, ratio_w = _OCR.preprocess(img)
+    except ResizeImgError:
+        # rapidocr's own refusal: a side that rounds to 0 px once the longest side is cut
+        # to 2000 (a 1 x 5000 strip). Its input, not our bug: a 400 that says so.
+        raise InvalidInput(f"image is {raw_w}x{raw_h}: too thin for OCR (a side rounds to 0 px "
+                           "once the longest is scaled to 2000 px)", param="image") from None
     op_record: dict[str, Any] = {"preprocess": {"ratio_h": ratio_h, "ratio_w": ratio_w}}
     img, op_record = _OCR.maybe_add_letterbox(img, op_record)
     det_input = _DET.get_preprocess(max(img.shape[0], img.shape[1]))(img)

@@ -208,6 +208,14 @@ def wav_bytes(rate: int, seconds: float, declared_frames: int | None = None) -> 
     return data
 
 
+def thin_png() -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("L", (5000, 1), 255).save(buf, "PNG")  # rapidocr cannot resize it (0 px)
+    return buf.getvalue()
+
+
 BAD: list[tuple[str, str, Any, dict[str, str], int, str]] = [
     ("ocr", "gif", b"GIF89a\x01\x00\x01\x00\x00\x00\x00;", {"Content-Type": "image/png"},
      415, "PNG, JPEG or WebP"),
@@ -218,6 +226,7 @@ BAD: list[tuple[str, str, Any, dict[str, str], int, str]] = [
      "truncated"),
     ("ocr", "pixels", png_header(100_000, 100_000), {"Content-Type": "image/png"}, 413,
      "100000"),
+    ("ocr", "too thin", thin_png(), {"Content-Type": "image/png"}, 400, "too thin"),
     ("ocr", "text/plain", IMAGE, {"Content-Type": "text/plain"}, 415, "Content-Type"),
     ("ocr", "too big", b"\0" * 5_000_000, {"Content-Type": "image/png"}, 413, "limit"),
     ("vad", "png as audio", IMAGE, {"Content-Type": "audio/wav"}, 415, "WAV or FLAC"),
