@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 import time
 from collections.abc import Mapping
@@ -81,15 +82,16 @@ class MediaSubmission:
 
     def stage_entries(self) -> list[timing.Entry]:
         """The engine's stages, summed over the request's files, in the order they first
-        ran, each with its first note (a batch's size)."""
+        ran. A stage's description: its batches when it ran in several (``3 batches of
+        3+3+2, up to 2 requests``), else its one note."""
         totals: dict[str, int] = {}
-        notes: dict[str, str] = {}
+        notes: dict[str, list[str]] = {}
         for job in self.jobs:
             for span in list(job.clock.spans):
                 totals[span.name] = totals.get(span.name, 0) + span.end_ns - span.start_ns
-                if span.note and span.name not in notes:
-                    notes[span.name] = span.note
-        return [(name, ns / 1e6, notes.get(name)) for name, ns in totals.items()]
+                if span.note:
+                    notes.setdefault(span.name, []).append(span.note)
+        return [(name, ns / 1e6, _describe(notes.get(name, []))) for name, ns in totals.items()]
 
     def stage_totals_s(self) -> dict[str, float]:
         out: dict[str, float] = {}
@@ -97,6 +99,20 @@ class MediaSubmission:
             for name, ns in job.clock.totals_ns().items():
                 out[name] = out.get(name, 0.0) + ns / 1e9
         return out
+
+
+_BATCH = re.compile(r"batch (\d+) from (\d+) request")
+
+
+def _describe(notes: list[str]) -> str | None:
+    if len(notes) <= 1:
+        return notes[0] if notes else None
+    batches = [m.groups() for m in map(_BATCH.match, notes) if m is not None]
+    if len(batches) < len(notes):
+        return notes[0]
+    most = max(int(r) for _, r in batches)
+    return (f"{len(batches)} batches of {'+'.join(n for n, _ in batches)}, up to {most} "
+            f"request{'s' if most > 1 else ''}")
 
 
 def _never(result: Any, error: BaseException | None) -> None:

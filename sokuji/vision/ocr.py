@@ -14,8 +14,10 @@ The way of one image::
 - **Cross-request batching.** cls inputs all have one shape (48 x 192): a cls batch takes
   crops of any requests (up to rapidocr's 6). rec batches take crops of any requests with
   the same ``W_ref``, up to ``rec_max_batch`` items and ``rec_max_pixels`` (items x width).
-  With ``cross_request_batching = false`` each request's crops run in exactly rapidocr's
-  chunks (the A/B of the benchmark). Both are work-conserving: nothing waits for company.
+  With ``cross_request_batching = false`` a request's crops are batched only within their
+  own rapidocr chunk, still under ``rec_max_pixels``; with ``rec_max_pixels = 0`` too, they
+  run in exactly rapidocr's chunks (the benchmark's A/B/C: sharing across requests, the
+  width budget, neither). All are work-conserving: nothing waits for company.
 - **Threads.** One det thread (its own session, ``det_threads`` intra-op threads) and one
   cls+rec thread (``rec_threads``): on 2 cores, det of one image overlaps cls/rec of
   another. cls is ~1% of the work (a few ms against rec's 100s), so it shares rec's thread
@@ -221,9 +223,10 @@ class OcrEngine:
         o = self.options
         if key[0] == "cls":
             return st.CLS_BATCH_NUM, None
+        budget = o.rec_max_pixels or None  # 0: none (rapidocr's chunks, when not shared)
         if not o.cross_request_batching:
-            return st.REC_BATCH_NUM, None  # one rapidocr chunk
-        return o.rec_max_batch, o.rec_max_pixels
+            return st.REC_BATCH_NUM, budget  # within one rapidocr chunk
+        return o.rec_max_batch, budget
 
     def _finish(self, state: _Job, result: Any, error: BaseException | None) -> None:
         with state.lock:

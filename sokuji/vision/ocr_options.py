@@ -24,7 +24,8 @@ class OcrOptions:
     """Intra-op threads of the cls and rec sessions (same default)."""
     rec_max_batch: int = 8
     rec_max_pixels: int = 2560
-    """A rec batch's budget: items x padded width (8 crops at 320, 4 at 640, 2 at 960).
+    """A rec batch's budget: items x padded width (8 crops at 320, 4 at 640, 2 at 960); 0:
+    none.
     Measured (1 thread, real rec model): per crop, a batch is never cheaper than one crop
     alone, and above ~2560 it gets dearer (W=640: 24 ms a crop up to b4, 30-33 ms at b6;
     W=960: 36 ms alone, 47-50 ms at b4); up to 2560 it costs the same."""
@@ -52,7 +53,7 @@ class OcrOptions:
 
 
 _INTS = {"det_threads": (1, 64), "rec_threads": (1, 64), "rec_max_batch": (1, 256),
-         "rec_max_pixels": (320, 10_000_000), "max_pixels": (1, 1_000_000_000),
+         "rec_max_pixels": (0, 10_000_000), "max_pixels": (1, 1_000_000_000),
          "max_side": (1, 1_000_000)}
 _UNIT = ("text_score", "box_thresh")
 _BOOLS = ("cross_request_batching", "use_cls")

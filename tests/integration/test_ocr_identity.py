@@ -200,9 +200,10 @@ def test_concurrent_requests_share_batches_and_stay_identical(
         engine.close()
 
 
+@pytest.mark.parametrize("budget", [2560, 0])  # 0: rapidocr's own chunks, unsplit
 def test_cross_request_batching_off_is_identical_and_never_mixes(
-        reference: dict[str, Any]) -> None:
-    engine = make_engine(cross_request_batching=False)
+        reference: dict[str, Any], budget: int) -> None:
+    engine = make_engine(cross_request_batching=False, rec_max_pixels=budget)
     try:
         names = ["lines3.png", "eight_lines.png", "photo.jpg"]
         outs = run_concurrently(engine, names)

@@ -109,3 +109,13 @@ def test_outputs_json_and_binary() -> None:
     assert np.frombuffer(blobs[0], np.float32).tolist() == [0.5, 0.25]
     with pytest.raises(InvalidInput, match="nope"):
         media_api.encode_outputs(tensors, {"nope": False})
+
+
+def test_a_stage_that_ran_in_several_batches_says_so() -> None:
+    from sokuji.media.model import _describe
+
+    assert _describe(["batch 3 from 1 request", "batch 3 from 2 requests",
+                      "batch 2 from 1 request"]) == "3 batches of 3+3+2, up to 2 requests"
+    assert _describe(["batch 6 from 1 request"]) == "batch 6 from 1 request"
+    assert _describe(["300 frames", "20 frames"]) == "300 frames"
+    assert _describe([]) is None
