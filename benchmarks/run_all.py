@@ -1,6 +1,6 @@
 """Every headline figure from one command (``make bench-all``), with the machine that gave it.
 
-    .venv/bin/python benchmarks/run_all.py [--only overhead,goodput,llm,speculative] [--quick]
+    .venv/bin/python benchmarks/run_all.py [--only overhead,goodput,llm,speculative,media] [--quick]
 
 Runs each benchmark script in turn (never two at once: they pin the same cores), each writing
 its own raw JSON, probes the machine before and after (CPU, load, thread and event-loop
@@ -105,6 +105,17 @@ STEPS = [
                ">= 0.5"),
         Figure("n-gram speculation: decode tokens/s / off, free text, 1 stream",
                _spec("free/1", "per_request_ratio"), ">= 0.95"),
+    ], quick=["--quick"]),
+    Step("media", "media.py", "~14", [
+        Figure("OCR images/s / rapidocr behind FastAPI, c=4",
+               lambda r: float(r["summary"]["ocr"]["per_concurrency"]["4"]
+                               ["sokuji_over_fastapi"]), ">= 1.0"),
+        Figure("OCR document page, shared rec batches / own only, c=4",
+               lambda r: float(r["summary"]["ocr_doc"]["per_concurrency"]["4"]
+                               ["batch_over_nobatch"]), ">= 1.0"),
+        Figure("VAD audio-s/s / silero's own sequence path, c=1",
+               lambda r: float(r["summary"]["vad"]["1"]["sokuji_over_silero_sequence"]),
+               ">= 0.95"),
     ], quick=["--quick"]),
 ]
 
