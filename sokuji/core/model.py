@@ -21,7 +21,7 @@ be matched. Codecs only translate protocols to and from these calls.
 from __future__ import annotations
 
 import enum
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -77,6 +77,9 @@ class RequestContext:
     """W3C trace context as received."""
     timeline: Timeline | None = None
     """The request's stage stamps (encoders: stamped through to the batch's end)."""
+    headers: Mapping[str, str] | None = None
+    """The request's headers (lower-case names), for routers' rules; None where a request
+    has none (a pipeline's steps)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from sokuji.media.engine import MediaEngine
     from sokuji.media.model import MediaModel
     from sokuji.pipelines.model import PipelineModel
+    from sokuji.routing.load import RoutingHooks
 
 log = logging.getLogger(__name__)
 
@@ -91,9 +92,27 @@ def _build_media(model: ModelConfig, server: ServerConfig) -> ServedModel:
     return MediaModel(model, engine)
 
 
+def _build_classifier(model: ModelConfig, server: ServerConfig) -> Runtime:
+    from sokuji.runtimes.classifier import ClassifierRuntime
+
+    return ClassifierRuntime(model, server)
+
+
+def _build_upstream(model: ModelConfig, server: ServerConfig) -> ServedModel:
+    """A model that is another server (``routing/upstream.py``)."""
+    from sokuji.routing.config import parse_upstream
+    from sokuji.routing.upstream import UpstreamModel
+
+    at = f"models[{[m.name for m in server.models].index(model.name)}]"
+    upstream = UpstreamModel(model, parse_upstream(model.options, f"{at}.options"))
+    upstream.load()
+    return upstream
+
+
 RUNTIME_BUILDERS: dict[str, Callable[[ModelConfig, ServerConfig], Runtime]] = {
     "onnx": _build_onnx,
     "synthetic": _build_synthetic,
+    "classifier": _build_classifier,
 }
 """Encoder runtimes by name (``llama`` is a generator: ``_build_llama``)."""
 
@@ -139,7 +158,7 @@ class Model:
 
     def embedder(self) -> EncoderModel:
         """The model as an encoder; 400 for a generative one."""
-        if not isinstance(self.served, EncoderModel):
+        if self.kind is not ModelKind.ENCODER:
             if self.kind is ModelKind.PIPELINE:
                 raise InvalidInput(f"'{self.name}' is a pipeline: use /v2/models/{self.name}"
                                    "/infer or /v1/chat/completions", param="model")
@@ -149,7 +168,8 @@ class Model:
                                    f"/v2/models/{self.name}/infer", param="model")
             raise InvalidInput(f"model '{self.name}' generates text: use "
                                "/v1/chat/completions or /v1/completions", param="model")
-        return self.served
+        # An EncoderModel, or what serves like one (a router, an upstream): the contract.
+        return cast("EncoderModel", self.served)
 
     def media(self) -> MediaModel | None:
         """The model as a media model (OCR, VAD); None for others."""
@@ -188,6 +208,8 @@ class ModelRepository:
     models: dict[str, Model] = field(default_factory=dict)
     draining: bool = False
     """Shutting down: not ready, but requests that still arrive are served until the end."""
+    routing: RoutingHooks | None = None
+    """Routers' shared breakers and event hooks, when any router is configured."""
     list_in_errors: bool = False
     """Whether a 404 lists the models (or versions) there are. Only on an open server (no
     API keys): with keys, a caller must not learn other tenants' model names from a typo."""
@@ -202,8 +224,11 @@ class ModelRepository:
             if mc.runtime == "onnx":
                 repo.models[mc.name] = _load_onnx(mc, config, on_batch)
                 continue
-            if mc.runtime in ("llama", "ocr", "vad"):
-                build = _build_llama if mc.runtime == "llama" else _build_media
+            if mc.runtime == "router":
+                continue  # after every other model: it holds its targets
+            if mc.runtime in ("llama", "ocr", "vad", "upstream"):
+                build = {"llama": _build_llama, "upstream": _build_upstream}.get(
+                    mc.runtime, _build_media)
                 repo.models[mc.name] = Model(mc, build(mc, config))
                 log.info("model %s loaded (runtime %s)", mc.name, mc.runtime)
                 continue
@@ -213,6 +238,16 @@ class ModelRepository:
                 runtime.warmup()
             repo.models[mc.name] = _batched(mc, runtime, on_batch, mc.name)
             log.info("model %s loaded (runtime %s)", mc.name, mc.runtime)
+        routers = [(i, mc) for i, mc in enumerate(config.models) if mc.runtime == "router"]
+        if routers:
+            from sokuji.routing.load import RoutingHooks, load_router
+
+            repo.routing = RoutingHooks()
+            targets = {name: m.served for name, m in repo.models.items()}
+            for i, mc in routers:
+                repo.models[mc.name] = Model(mc, load_router(mc, f"models[{i}]", config,
+                                                             targets, repo.routing))
+                log.info("router %s loaded", mc.name)
         pipelines = config.pipelines
         if config.builtin_pipelines:
             from sokuji.pipelines import builtin

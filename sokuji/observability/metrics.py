@@ -166,6 +166,17 @@ class Metrics:
 
         self.pipelines = PipelineMetrics(r)
         self.media = MediaMetrics(r)
+        self._routing: Any = None
+
+    @property
+    def routing(self) -> Any:
+        """``observability/routing.RoutingMetrics``, registered when first asked for (only a
+        server with routers, upstreams or semantic caches has these series)."""
+        if self._routing is None:
+            from sokuji.observability.routing import RoutingMetrics
+
+            self._routing = RoutingMetrics(self.registry)
+        return self._routing
 
     def add_model(self, name: str, queue: _Queue) -> None:
         self._timings[name] = TimingHistograms()

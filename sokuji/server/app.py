@@ -69,9 +69,10 @@ class Inference:
         self.auth = Authenticator(config.api_keys)
 
     async def _run(self, model: Model, encoder: EncoderModel, texts: list[str],
-                   ctx: RequestContext, cache_control: str) -> tuple[np.ndarray, int]:
-        """Outputs for ``texts`` (from the cache, or through the ``encoder``), and the
-        unpadded token count."""
+                   ctx: RequestContext, cache_control: str) -> tuple[np.ndarray, int, Any]:
+        """Outputs for ``texts`` (from the cache, or through the ``encoder``), the unpadded
+        token count, and for a router the route taken (``routing/attempts.RouteInfo``; None
+        for a model, or an answer from the cache)."""
         tl = ctx.timeline
         assert tl is not None
         variant = model.variant
@@ -82,9 +83,11 @@ class Inference:
             tl.mark(Stage.PREPROCESS)
             output = await encoder.submit(prepared, ctx).result()
             tl.mark(Stage.POSTPROCESS)
-            return output, prepared.num_tokens
+            return output, prepared.num_tokens, getattr(prepared, "route", None)
+        route = None
 
         async def compute() -> Entry:
+            nonlocal route
             tl.mark(Stage.CACHE)
             if variant:
                 tl.notes[Stage.INFER] = variant
@@ -92,6 +95,7 @@ class Inference:
             tl.mark(Stage.PREPROCESS)
             output = await encoder.submit(prepared, ctx).result()
             tl.mark(Stage.POSTPROCESS)
+            route = getattr(prepared, "route", None)
             return Entry(output, prepared.num_tokens)
 
         control = cache_control.lower()
@@ -102,7 +106,7 @@ class Inference:
         tl.notes[Stage.CACHE] = result.value
         if result in (CacheResult.HIT, CacheResult.COALESCED):
             tl.mark(Stage.CACHE)
-        return entry.output, entry.num_tokens
+        return entry.output, entry.num_tokens, route
 
     async def v2_infer(self, params: dict[str, str], headers: Headers, receive: Receive,
                        tl: Timeline, tenant: Tenant) -> tuple[str, bytes, Headers]:
@@ -126,12 +130,14 @@ class Inference:
         tl.mark(Stage.DECODE)
         ctx = scheduling.context(tenant, headers, req.parameters, tl.start_ns,
                                  model.config.default_timeout_ms, req.request_id, tl)
-        output, _ = await self._run(model, encoder, req.texts, ctx,
-                                    headers.get("cache-control", ""))
+        output, _, route = await self._run(model, encoder, req.texts, ctx,
+                                           headers.get("cache-control", ""))
         payload, out_headers = v2.encode_infer(model.name, model.served_version, req,
                                                [(model.metadata.outputs[0], output)])
         if model.variant:
             out_headers[VARIANT_HEADER] = model.variant
+        if model.config.runtime == "router":
+            served_by(out_headers, route)
         return model.metric_name, payload, out_headers
 
     async def _pipeline(self, model: Model, headers: Headers, receive: Receive, tl: Timeline,
@@ -163,18 +169,38 @@ class Inference:
         params["model_name"] = req.model
         tenant.check_model(req.model)
         model = self.repo.get_ready(req.model)
+        if model.metadata.platform == "sokuji_classifier":
+            raise InvalidInput(f"'{req.model}' is a classifier (scores, not embeddings): use "
+                               f"/v2/models/{req.model}/infer", param="model")
         openai_api.check_limits(req, model.config.max_batch_size,
                                 model.metadata.outputs[0].shape[-1])
         tl.mark(Stage.DECODE)
         ctx = scheduling.context(tenant, headers, {}, tl.start_ns,
                                  model.config.default_timeout_ms, timeline=tl)
-        output, num_tokens = await self._run(model, model.embedder(), req.texts, ctx,
-                                             headers.get("cache-control", ""))
+        output, num_tokens, route = await self._run(model, model.embedder(), req.texts, ctx,
+                                                    headers.get("cache-control", ""))
         out_headers = {"content-type": JSON}
         if model.variant:
             out_headers[VARIANT_HEADER] = model.variant
+        if model.config.runtime == "router":
+            served_by(out_headers, route)
         return model.metric_name, openai_api.encode_embeddings(req, output, num_tokens), \
             out_headers
+
+
+SERVED_BY_HEADER = "x-sokuji-served-by"
+
+
+def served_by(out_headers: Headers, route: Any) -> None:
+    """A router's answer names the target that gave it (``cache`` for the response cache's)
+    and, in ``Server-Timing``, why and what was tried."""
+    if route is None:
+        out_headers[SERVED_BY_HEADER] = "cache"
+        return
+    from sokuji.core import timing
+
+    out_headers[SERVED_BY_HEADER] = route.served_by
+    out_headers["server-timing"] = timing.render([route.timing_entry()])
 
 
 Endpoint = Callable[[dict[str, str], Headers, Receive, Timeline, Tenant],
@@ -350,11 +376,16 @@ def create_app(config: ServerConfig, repo: ModelRepository,
         if model.variant and model.primary:
             metrics.variant.labels(model.name, model.variant).set(1)
     for name, model in repo.models.items():
-        if model.kind is ModelKind.GENERATOR:
-            metrics.llm.add_engine(name, model.generator().engine)
+        engine = getattr(model.served, "engine", None)  # not routers' nor upstreams'
+        if model.kind is ModelKind.GENERATOR and engine is not None:
+            metrics.llm.add_engine(name, engine)
         pipe = model.pipeline()
         if pipe is not None:
             pipe.on_done = metrics.pipelines.observe
+        if model.config.runtime == "upstream":
+            model.served.on_attempt = metrics.routing.upstream_attempt  # type: ignore[attr-defined]
+    if repo.routing is not None:
+        metrics.routing.connect(repo.routing)
     cache = backends.build_cache(config, metrics)
     inference = Inference(config, repo, metrics, cache)
     cp = ControlPlane(config, repo, metrics, inference.auth)

@@ -130,6 +130,9 @@ class Generation:
         run = getattr(gen, "run", None)  # a pipeline's steps so far: when each ran
         steps = [(b"x-sokuji-pipeline-steps", run.steps_header().encode("latin-1"))] \
             if run is not None else []
+        served_by = getattr(gen, "served_by", None)  # a router's: the target that answers
+        if served_by:
+            steps.append((b"x-sokuji-served-by", served_by.encode("latin-1")))
         if isinstance(first[0], Finish):
             failure = first[0].error
             if failure is not None or first[0].reason == "cancelled":

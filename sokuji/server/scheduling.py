@@ -88,4 +88,4 @@ def context(tenant: Tenant, headers: Mapping[str, str], parameters: Mapping[str,
         priority=priority(headers, parameters, tenant.priority, tenant.max_priority),
         deadline_ns=deadline_ns(headers, parameters, arrival_ns, default_timeout_ms),
         arrival_ns=arrival_ns, request_id=request_id, traceparent=headers.get(TRACEPARENT),
-        timeline=timeline)
+        timeline=timeline, headers=headers)

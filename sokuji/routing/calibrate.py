@@ -1,0 +1,232 @@
+"""`sokuji route calibrate ROUTER`: fit a cascade's escalation threshold on labelled data.
+
+The cascade's small classifier answers; an item whose margin (top-1 minus top-2 score) is
+below the threshold θ goes to the large one. On a labelled calibration set both classifiers
+score every query once; then, for every candidate θ (each distinct margin), the cascade's
+accuracy, its escalation rate and its compute cost follow without running anything again:
+
+    acc(θ)  = mean(S if m >= θ else L)         S, L: small / large right; m: small's margin
+    cost(θ) = c_s + P(m < θ) · c_l             c_s, c_l: measured single-query times
+
+Two rules choose θ:
+- ``--target-escalation r``: the share ``r`` of queries with the lowest margins escalates
+  (RouteLLM's calibration to a share of strong-model calls; labels not needed).
+- ``--target-quality q``: the smallest θ whose cascade keeps ``q`` of large-only accuracy,
+  judged on the lower end (5th percentile) of a paired bootstrap of acc(θ) / acc_large, not
+  on the point estimate.
+
+The table shows, per θ: escalated share, accuracy (and ÷ large), cost ÷ large, and the
+misroutes: easy queries escalated (the small one was right: wasted compute) and hard ones
+kept (small wrong, large right: lost accuracy). ``--test`` reports the chosen θ on held-out
+data. The result is written to ``<cache_dir>/routers/<router>/calibration.json``, which the
+router reads at start when its ``threshold = "calibrated"``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+BOOTSTRAP = 1000
+
+
+@dataclass(frozen=True)
+class Scored:
+    """Both classifiers' verdicts on a labelled set."""
+
+    small_ok: np.ndarray
+    large_ok: np.ndarray
+    margin: np.ndarray
+
+
+@dataclass(frozen=True)
+class Row:
+    threshold: float
+    escalated: float
+    accuracy: float
+    of_large: float
+    cost_of_large: float
+    easy_escalated: int
+    hard_kept: int
+
+
+def read_labelled(path: str | Path) -> tuple[list[str], list[str]]:
+    texts, labels = [], []
+    for line in Path(path).read_text().splitlines():
+        if line.strip():
+            row = json.loads(line)
+            texts.append(row["text"])
+            labels.append(row["label"])
+    return texts, labels
+
+
+def score(small: Any, large: Any, texts: list[str], labels: list[str]) -> Scored:
+    """Run both classifiers (runtimes with ``classify`` and ``labels``) on the set."""
+    from sokuji.runtimes.classifier import margin
+
+    s, lg = small.classify(texts), large.classify(texts)
+    s_pred = np.asarray([small.labels[i] for i in s.argmax(axis=1)])
+    l_pred = np.asarray([large.labels[i] for i in lg.argmax(axis=1)])
+    truth = np.asarray(labels)
+    return Scored(s_pred == truth, l_pred == truth, margin(s))
+
+
+def row(sc: Scored, theta: float, cost_ratio: float) -> Row:
+    esc = sc.margin < theta
+    ok = np.where(esc, sc.large_ok, sc.small_ok)
+    acc_l = float(sc.large_ok.mean()) or 1.0
+    return Row(theta, float(esc.mean()), float(ok.mean()), float(ok.mean()) / acc_l,
+               cost_ratio + float(esc.mean()),
+               int((esc & sc.small_ok).sum()), int((~esc & ~sc.small_ok & sc.large_ok).sum()))
+
+
+def candidates(sc: Scored) -> np.ndarray:
+    """Every θ that changes the outcome: 0 (never escalate), each distinct margin nudged up
+    (escalate it and every lower one), and above the largest (always)."""
+    ms = np.unique(sc.margin)
+    return np.concatenate([[0.0], np.nextafter(ms, np.inf).astype(np.float64)])
+
+
+def fit_escalation(sc: Scored, rate: float) -> float:
+    """θ such that the share ``rate`` of queries with the lowest margins escalates."""
+    ms = np.sort(sc.margin)
+    k = round(rate * len(ms))
+    if k <= 0:
+        return 0.0
+    return float(np.nextafter(ms[min(k, len(ms)) - 1], np.inf))
+
+
+def fit_quality(sc: Scored, quality: float, seed: int = 0) -> tuple[float, float]:
+    """The smallest θ whose bootstrap 5th percentile of acc(θ) / acc_large is >= quality;
+    returns (θ, that lower bound)."""
+    rng = np.random.default_rng(seed)
+    n = len(sc.margin)
+    idx = rng.integers(0, n, size=(BOOTSTRAP, n))
+    large = sc.large_ok[idx].mean(axis=1)
+    large = np.where(large > 0, large, 1.0)
+    best = (float(candidates(sc)[-1]), 0.0)
+    for theta in candidates(sc):
+        ok = np.where(sc.margin < theta, sc.large_ok, sc.small_ok)
+        low = float(np.quantile(ok[idx].mean(axis=1) / large, 0.05))
+        if low >= quality:
+            return float(theta), low
+        best = (float(theta), low) if low > best[1] else best
+    return best
+
+
+def time_per_query(runtime: Any, texts: list[str], n: int = 30) -> float:
+    """Median seconds of one query alone (batch 1): the compute a routed request costs."""
+    runtime.classify(texts[:2])  # warm
+    times = []
+    for text in texts[:n]:
+        t0 = time.perf_counter()
+        runtime.classify([text])
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def table(rows: Sequence[Row], title: str) -> Any:
+    from rich.table import Table
+
+    t = Table(title=title)
+    for col in ("θ", "escalated", "accuracy", "÷ large", "cost ÷ large", "easy escalated",
+                "hard kept"):
+        t.add_column(col, justify="right")
+    for r in rows:
+        t.add_row(f"{r.threshold:.4f}", f"{r.escalated:.1%}", f"{r.accuracy:.3f}",
+                  f"{r.of_large:.3f}", f"{r.cost_of_large:.3f}", str(r.easy_escalated),
+                  str(r.hard_kept))
+    return t
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from rich.console import Console
+
+    from sokuji import config as cfg
+    from sokuji.routing.config import parse_router
+    from sokuji.routing.router import calibration_path
+    from sokuji.runtimes.classifier import ClassifierRuntime
+
+    p = argparse.ArgumentParser(prog="sokuji route calibrate", description=__doc__.split(
+        "\n")[0])
+    p.add_argument("router")
+    p.add_argument("--config", help="the server's TOML config (where the router is)")
+    p.add_argument("--labelled", required=True, help="JSONL {text, label}: calibration set")
+    goal = p.add_mutually_exclusive_group(required=True)
+    goal.add_argument("--target-escalation", type=float, help="share of queries escalated")
+    goal.add_argument("--target-quality", type=float,
+                      help="share of large-only accuracy to keep (e.g. 0.98)")
+    p.add_argument("--test", help="JSONL {text, label}: held-out set to report on")
+    p.add_argument("--out", help="where to write (default: the cache's calibration.json)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    args = p.parse_args(argv)
+    console = Console(stderr=args.json)
+    config = cfg.load(args.config)
+    mc = config.model(args.router)
+    if mc is None or mc.runtime != "router":
+        raise SystemExit(f"no router '{args.router}' in the config")
+    at = f"models[{[m.name for m in config.models].index(mc.name)}].options"
+    opts = parse_router(mc.options, at, {m.name: m.runtime for m in config.models})
+    if opts.kind != "cascade":
+        raise SystemExit(f"router '{args.router}' is a {opts.kind} router, not a cascade")
+    runtimes = []
+    with console.status("loading the two classifiers"):
+        for name in opts.targets:
+            model = config.model(name)
+            assert model is not None
+            rt = ClassifierRuntime(model, config)
+            rt.load()
+            runtimes.append(rt)
+    small, large = runtimes
+    texts, labels = read_labelled(args.labelled)
+    with console.status(f"scoring {len(texts)} labelled queries with both"):
+        sc = score(small, large, texts, labels)
+        c_s, c_l = time_per_query(small, texts), time_per_query(large, texts)
+    ratio = c_s / c_l
+    if args.target_escalation is not None:
+        theta, rule, bound = fit_escalation(sc, args.target_escalation), \
+            f"escalation {args.target_escalation}", None
+    else:
+        theta, bound = fit_quality(sc, args.target_quality)
+        rule = f"quality {args.target_quality}"
+    sweep = [row(sc, t, ratio) for t in (0.0, 0.01, 0.02, 0.03, 0.05, 0.07, 0.1, 0.15, 0.2,
+                                         0.3, 1.0)]
+    chosen = row(sc, theta, ratio)
+    result: dict[str, Any] = {
+        "router": args.router, "threshold": theta, "rule": rule, "bootstrap_low": bound,
+        "small": opts.targets[0], "large": opts.targets[1],
+        "small_accuracy": float(sc.small_ok.mean()), "large_accuracy": float(sc.large_ok.mean()),
+        "small_ms": c_s * 1e3, "large_ms": c_l * 1e3, "calibration": asdict(chosen),
+        "labelled": str(args.labelled), "labelled_sha256": hashlib.sha256(
+            Path(args.labelled).read_bytes()).hexdigest(), "n": len(texts)}
+    if args.test:
+        t_texts, t_labels = read_labelled(args.test)
+        tsc = score(small, large, t_texts, t_labels)
+        result["test"] = {**asdict(row(tsc, theta, ratio)), "n": len(t_texts),
+                          "small_accuracy": float(tsc.small_ok.mean()),
+                          "large_accuracy": float(tsc.large_ok.mean())}
+    out = Path(args.out) if args.out else calibration_path(config.cache_dir, args.router)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    console.print(table(sweep, f"{args.router}: calibration set, {len(texts)} queries "
+                        f"(small {sc.small_ok.mean():.3f}, large {sc.large_ok.mean():.3f}; "
+                        f"{c_s * 1e3:.1f} vs {c_l * 1e3:.1f} ms a query)"))
+    console.print(table([chosen], f"chosen by {rule}: θ = {theta:.4f}"))
+    if args.test:
+        console.print(f"held-out test ({result['test']['n']}): accuracy "
+                      f"{result['test']['accuracy']:.3f} = {result['test']['of_large']:.3f} of "
+                      f"large, cost {result['test']['cost_of_large']:.3f} of large, escalated "
+                      f"{result['test']['escalated']:.1%}")
+    console.print(f"written: {out}")
+    return 0

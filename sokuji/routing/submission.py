@@ -1,0 +1,231 @@
+"""A routed request's handle: what ``RouterModel.submit`` returns.
+
+- ``RouteSubmission`` (encoders, classifiers): ``result()`` runs the attempts; for a
+  cascade, the small classifier answers every item and the items whose margin is below the
+  threshold go to the large one, whose rows replace the small one's (if the large one cannot
+  answer, the small one's answer stands: a cascade degrades to its small model, never to an
+  error).
+- ``RouteGeneration`` (generators): quacks like ``llm/request.GenerationRequest`` for the
+  OpenAI endpoints. It tries targets until one produces its first event; that is the commit
+  point: before it, a failure moves on to the next target unseen by the client; after it,
+  the chosen target's stream is relayed as it is (a failure ends it with an error event).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+
+from sokuji.core.model import RequestContext
+from sokuji.errors import SokujiError
+from sokuji.llm.request import Delta, Finish, Timing
+from sokuji.routing.attempts import RouteInfo, Target
+from sokuji.routing.router import PreparedRoute, RouterModel
+
+
+class RouteSubmission:
+    def __init__(self, router: RouterModel, prepared: PreparedRoute, ctx: RequestContext):
+        self.router = router
+        self.prepared = prepared
+        self.ctx = ctx
+        self.task: asyncio.Task[Any] | None = None
+        router.in_flight += 1
+        self._open = True
+
+    async def result(self) -> Any:
+        if self.task is None:
+            self.task = asyncio.ensure_future(self._run())
+        try:
+            return await self.task
+        finally:
+            self._close()
+
+    def cancel(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+        self._close()
+
+    def _close(self) -> None:
+        if self._open:
+            self._open = False
+            self.router.in_flight -= 1
+
+    async def _run(self) -> Any:
+        router, prepared, ctx = self.router, self.prepared, self.ctx
+        info = prepared.route
+        texts: list[str] = prepared.inputs
+        attempts = router.attempts(ctx)
+        plan = router.plan(prepared, ctx)
+
+        async def call(target: Target) -> Any:
+            return await _encode(target, texts, ctx, prepared)
+
+        output = await attempts.run(plan, info, call)
+        if router.options.kind == "cascade" and info.served_by == plan[0][0].name:
+            output = await self._cascade(output, texts, info)
+        router.routed(info)
+        if router.shadow is not None:
+            router.shadow.maybe_copy(texts, output, ctx)
+        return output
+
+    async def _cascade(self, small: np.ndarray, texts: list[str], info: RouteInfo) -> Any:
+        router = self.router
+        from sokuji.runtimes.classifier import margin as margins
+
+        assert router.threshold is not None
+        margin = margins(small)
+        unsure = np.flatnonzero(margin < router.threshold)
+        info.detail = f"margin {float(margin.min()):.3f}"
+        if not len(unsure):
+            info.reason = "cascade_kept"
+            return small
+        large = router.targets[router.options.targets[1]]
+        sub = [texts[i] for i in unsure]
+        inner = PreparedRoute(sub, sum(map(len, sub)), "embed", num_items=len(sub))
+        try:
+            rows = await router.attempts(self.ctx).run(
+                [(large, "cascade_escalated")], inner.route,
+                lambda t: _encode(t, sub, self.ctx, inner))
+        except SokujiError:
+            if any(o == "client" for _, o, _ in inner.route.attempts):
+                raise
+            info.attempts += inner.route.attempts
+            info.reason = "cascade_kept:large_unavailable"
+            return small
+        info.attempts += inner.route.attempts
+        out = np.array(small, copy=True)
+        out[unsure] = rows
+        info.served_by = large.name if len(unsure) == len(texts) else \
+            f"{info.served_by}+{large.name}"
+        info.reason = "cascade_escalated"
+        info.detail += f" escalated {len(unsure)}/{len(texts)}"
+        return out
+
+
+async def _encode(target: Target, texts: list[str], ctx: RequestContext,
+                  prepared: PreparedRoute) -> Any:
+    model = target.model
+    model.check_admission()
+    inner = await model.prepare(texts, ctx)
+    handle = model.submit(inner, ctx)
+    try:
+        out = await handle.result()
+    except asyncio.CancelledError:
+        handle.cancel()
+        raise
+    prepared.num_tokens = getattr(inner, "num_tokens", 0)
+    return out
+
+
+class RouteTiming:
+    """The answering target's ``Timing``, the route's entry in front; before a target
+    answers, a plain one from the request's arrival."""
+
+    def __init__(self, arrival_ns: int, info: RouteInfo) -> None:
+        self.inner: Any = Timing(arrival_ns)
+        self.info = info
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def timing_entries(self) -> list[Any]:
+        return [self.info.timing_entry(), *self.inner.timing_entries()]
+
+    def server_timing(self) -> str:
+        from sokuji.core import timing
+
+        return timing.render(self.timing_entries())
+
+
+class RouteGeneration:
+    def __init__(self, router: RouterModel, prepared: PreparedRoute, ctx: RequestContext):
+        self.router = router
+        self.prepared = prepared
+        self.ctx = ctx
+        self.info = prepared.route
+        self.timing = RouteTiming(ctx.arrival_ns, self.info)
+        self.gen: Any = None
+        self.cancelled = False
+        router.in_flight += 1
+        self._open = True
+        self._first: asyncio.Task[list[Any]] | None = None
+
+    @property
+    def served_by(self) -> str:
+        return self.info.served_by
+
+    async def next_events(self) -> list[Any]:
+        if self.gen is not None:
+            events = await self.gen.next_events()
+            if events and isinstance(events[-1], Finish):
+                self._close()
+            return events
+        if self._first is None:
+            self._first = asyncio.ensure_future(self._start())
+        try:
+            events = await self._first
+        except asyncio.CancelledError:
+            self._close()
+            return [Finish("cancelled", 0)]
+        except SokujiError as exc:
+            self._close()
+            return [Finish("error", 0, exc)]
+        self.router.routed(self.info)
+        if events and isinstance(events[-1], Finish):
+            self._close()
+        return events
+
+    async def _start(self) -> list[Any]:
+        router, ctx = self.router, self.ctx
+        req = self.prepared.inputs
+
+        async def call(target: Target) -> list[Any]:
+            model = target.model
+            model.check_admission()
+            inner = await model.prepare(req, ctx)
+            gen: Any = model.submit(inner, ctx)
+            try:
+                events = await gen.next_events()
+            except BaseException:
+                gen.cancel()
+                raise
+            first = events[0] if events else None
+            if isinstance(first, Finish) and first.error is not None:
+                gen.cancel()
+                raise first.error
+            self.gen = gen
+            self.timing.inner = gen.timing
+            return events
+
+        return await router.attempts(ctx).run(router.plan(self.prepared, ctx), self.info, call)
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        if self.gen is not None:
+            self.gen.cancel()
+        elif self._first is not None:
+            self._first.cancel()
+        self._close()
+
+    def _close(self) -> None:
+        if self._open:
+            self._open = False
+            self.router.in_flight -= 1
+
+    async def events(self) -> Any:
+        while True:
+            for event in await self.next_events():
+                yield event
+                if isinstance(event, Finish):
+                    return
+
+    async def result(self) -> Any:
+        texts: list[str] = []
+        async for event in self.events():
+            if isinstance(event, Delta):
+                texts.append(event.text)
+            elif event.error is not None:
+                raise event.error
+        return "".join(texts)

@@ -1,0 +1,398 @@
+"""The HTTP side of an upstream model (``upstream.py``): one pooled aiohttp session per
+upstream, the headers each attempt carries, the one safe retry, bounded bodies, and the map
+from what the upstream answered (or failed to) to Sokuji's typed errors.
+
+- **Pool**: ``TCPConnector(limit=max_connections, keepalive_timeout=keepalive_s)``; idle
+  connections close before the upstream's own idle timeout (uvicorn, so Sokuji: 5 s).
+  Redirects are never followed and no proxy from the environment is used: the upstream's
+  address comes from the config only.
+- **Safe retry**: once, and only when a *reused* pooled connection was closed by the server
+  before any response byte (the race between our reuse and its idle close): nothing was
+  processed, so sending again is safe. Any other failure is the caller's to handle (the
+  router tries a fallback).
+- **Headers**: the request's remaining budget (``X-Sokuji-Timeout-Ms``: a Sokuji upstream
+  then refuses work it cannot start in time), its priority, ``traceparent`` (if well
+  formed), a request id, and the upstream's own bearer key (per tenant, else the model's):
+  never the client's.
+- **Errors** (each says ``before_response``: no response byte came, so another target may
+  safely answer; ``target_fault``: the target, not the client or the deadline, failed;
+  ``retry_after_s`` where the upstream said): 400/404/413/415/422 stay the client's fault
+  with the same status (the upstream's message, prefixed and cut short); 401/403 are 502 (our
+  credential is wrong: the body is not shown); 429 is 429 with the upstream's
+  ``Retry-After``; 503 stays 503 with it; 504 (a Sokuji upstream could not start in time)
+  stays 504; any other status 502; refused or reset connections 503; our own timeout 504.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import math
+import re
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from datetime import UTC
+from typing import Any
+
+import aiohttp
+import orjson
+
+from sokuji.core.model import RequestContext
+from sokuji.errors import DeadlineExceeded, Overloaded, SokujiError
+from sokuji.routing.config import UpstreamOptions
+
+RETRY_AFTER_CAP_S = 3600
+ERROR_BODY_CHARS = 500
+"""Of an upstream's error message, at most this much reaches our client."""
+ERROR_READ_BYTES = 16 * 1024
+OnAttempt = Callable[[str, int | str, float], None]
+"""(upstream model's served name, HTTP status or a word: connect_error, disconnected,
+timeout, too_large, stream_error, cancelled; seconds): once per HTTP attempt."""
+_DELAY = re.compile(r"\A[0-9]{1,12}\Z")
+_TRACEPARENT = re.compile(r"\A[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}\Z")
+_CLIENT_FAULT = {400: "invalid_input", 404: "not_found", 413: "payload_too_large",
+                 415: "unsupported_media_type", 422: "invalid_input"}
+
+
+def parse_retry_after(value: str | None, now: float | None = None) -> int | None:
+    """RFC 9110 ``Retry-After`` in whole seconds: delay-seconds or an HTTP-date (a date in
+    the past: 0), capped at ``RETRY_AFTER_CAP_S``; None for none, garbage or a negative."""
+    if value is None:
+        return None
+    text = value.strip()
+    if _DELAY.match(text):
+        return min(int(text), RETRY_AFTER_CAP_S)
+    try:
+        when = email.utils.parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    left = when.timestamp() - (time.time() if now is None else now)
+    return min(max(0, math.ceil(left)), RETRY_AFTER_CAP_S)
+
+
+# -- errors ---------------------------------------------------------------------------------
+class UpstreamInfo:
+    """What an upstream's error says beside its status (read by the router)."""
+
+    before_response: bool = False
+    """No response byte came back: nothing was answered, another target may answer."""
+    target_fault: bool = True
+    """The upstream failed (its breaker counts it); False: the client's fault, or our own
+    deadline."""
+    upstream_status: int | None = None
+
+
+class UpstreamFailed(UpstreamInfo, SokujiError):
+    """502: the upstream gave no valid answer (5xx, a bad body, a redirect, a broken stream,
+    a rejected credential)."""
+
+    status = 502
+    code = "upstream_failed"
+
+    def __init__(self, message: str, *, upstream_status: int | None = None,
+                 before_response: bool = False) -> None:
+        super().__init__(message)
+        self.upstream_status = upstream_status
+        self.before_response = before_response
+        self.retry_after_s: int | None = None
+
+
+class UpstreamUnavailable(UpstreamInfo, SokujiError):
+    """503: the upstream cannot be reached (connection refused or reset), or said 503."""
+
+    status = 503
+    code = "upstream_unavailable"
+
+    def __init__(self, message: str, *, retry_after_s: int | None = None,
+                 before_response: bool = False, upstream_status: int | None = None) -> None:
+        super().__init__(message, headers={"retry-after": str(retry_after_s)}
+                         if retry_after_s is not None else None)
+        self.retry_after_s = retry_after_s
+        self.before_response = before_response
+        self.upstream_status = upstream_status
+
+
+class UpstreamRejected(UpstreamInfo, SokujiError):
+    """The upstream refused the request as the client's fault: the same 4xx."""
+
+    target_fault = False
+
+    def __init__(self, message: str, *, status: int, param: str | None = None) -> None:
+        super().__init__(message, param=param)
+        self.status = status
+        self.code = _CLIENT_FAULT.get(status, "bad_request")
+        self.upstream_status = status
+        self.retry_after_s: int | None = None
+
+
+class UpstreamOverloaded(UpstreamInfo, Overloaded):
+    """429 from the upstream, with its ``Retry-After`` (1 s when it gave none)."""
+
+    def __init__(self, message: str, *, retry_after_s: int) -> None:
+        super().__init__(message, retry_after_s=retry_after_s)
+        self.upstream_status = 429
+
+
+class UpstreamTimeout(UpstreamInfo, DeadlineExceeded):
+    """504: no answer within the attempt's budget; or the deadline had passed before the
+    call (``target_fault`` False); or a Sokuji upstream could not start it in time."""
+
+    def __init__(self, message: str, *, before_response: bool, target_fault: bool = True,
+                 upstream_status: int | None = None) -> None:
+        super().__init__(message)
+        self.before_response = before_response
+        self.target_fault = target_fault
+        self.upstream_status = upstream_status
+        self.retry_after_s: int | None = None
+
+
+def error_message(body: bytes) -> tuple[str, str | None]:
+    """An error body's message (OpenAI ``error.message``, V2 ``error``, else the text) and
+    its ``param``, cut to ``ERROR_BODY_CHARS``."""
+    param = None
+    try:
+        doc: Any = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        doc = None
+    text = body.decode("utf-8", "replace")
+    if isinstance(doc, dict):
+        err = doc.get("error", doc.get("message"))
+        if isinstance(err, dict):
+            param = err.get("param") if isinstance(err.get("param"), str) else None
+            err = err.get("message")
+        if isinstance(err, str):
+            text = err
+    text = " ".join(text.split())
+    if len(text) > ERROR_BODY_CHARS:
+        text = text[:ERROR_BODY_CHARS] + "..."
+    return text, param
+
+
+def status_error(who: str, status: int, body: bytes, headers: Mapping[str, str]
+                 ) -> SokujiError:
+    """The error for an upstream's non-2xx answer. ``who`` names it (our model, theirs)."""
+    retry = parse_retry_after(headers.get("retry-after"))
+    if status in _CLIENT_FAULT:
+        text, param = error_message(body)
+        return UpstreamRejected(f"{who}: {text}", status=status, param=param)
+    if status in (401, 403):
+        return UpstreamFailed(f"{who}: the upstream refused our credential ({status}); "
+                              "check the model's api_key_env / tenant_keys_env",
+                              upstream_status=status)
+    if status == 429:
+        text, _ = error_message(body)
+        return UpstreamOverloaded(f"{who}: overloaded: {text}",
+                                  retry_after_s=retry if retry is not None else 1)
+    if status == 503:
+        text, _ = error_message(body)
+        return UpstreamUnavailable(f"{who}: unavailable (503): {text}", retry_after_s=retry,
+                                   upstream_status=503)
+    if status == 504:
+        text, _ = error_message(body)
+        return UpstreamTimeout(f"{who}: {text}", before_response=False, target_fault=False,
+                               upstream_status=504)
+    if 300 <= status < 400:
+        return UpstreamFailed(f"{who}: answered a redirect ({status}), which is not followed",
+                              upstream_status=status)
+    text, _ = error_message(body)
+    return UpstreamFailed(f"{who}: failed ({status}): {text}", upstream_status=status)
+
+
+# -- the client -----------------------------------------------------------------------------
+class Attempt:
+    """One HTTP attempt: its start, whether its connection was reused, and its one report."""
+
+    __slots__ = ("done", "reused", "t0")
+
+    def __init__(self) -> None:
+        self.t0 = time.perf_counter()
+        self.reused = False
+        self.done = False
+
+
+async def _on_reuse(session: Any, ctx: Any, params: Any) -> None:
+    trace = ctx.trace_request_ctx
+    if isinstance(trace, dict) and "attempt" in trace:
+        trace["attempt"].reused = True
+
+
+class UpstreamClient:
+    """The session and the attempts of one upstream model."""
+
+    def __init__(self, name: str, options: UpstreamOptions) -> None:
+        self.name = name
+        self.options = options
+        self.base = options.url.rstrip("/")
+        self.who = f"upstream '{options.upstream_model}' of model '{name}'"
+        self.keys: dict[str, str] = {}
+        """tenant -> bearer key (read from the environment at load)."""
+        self.default_key = ""
+        self.session: aiohttp.ClientSession | None = None
+        self.on_attempt: OnAttempt | None = None
+
+    def start(self) -> None:
+        """Create the session (from the loop that will use it)."""
+        opts = self.options
+        connector = aiohttp.TCPConnector(limit=opts.max_connections,
+                                         limit_per_host=opts.max_connections,
+                                         keepalive_timeout=opts.keepalive_s,
+                                         enable_cleanup_closed=True, ttl_dns_cache=10)
+        trace = aiohttp.TraceConfig()
+        trace.on_connection_reuseconn.append(_on_reuse)
+        # total: none (each attempt has its own asyncio.timeout); sock_read: a stream's gaps
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=opts.connect_timeout_ms / 1e3,
+                                        sock_read=opts.timeout_ms / 1e3)
+        self.session = aiohttp.ClientSession(
+            connector=connector, timeout=timeout, trace_configs=[trace], trust_env=False,
+            headers={"user-agent": "sokuji-upstream"}, raise_for_status=False)
+
+    async def close(self) -> None:
+        if self.session is not None:
+            await self.session.close()
+            self.session = None
+
+    def budget_s(self, ctx: RequestContext) -> float:
+        """Seconds this attempt may take: ``timeout_ms`` within what is left of the
+        deadline; an ``UpstreamTimeout`` if nothing is left (the upstream is not called)."""
+        budget = self.options.timeout_ms / 1e3
+        if ctx.deadline_ns is not None:
+            left = (ctx.deadline_ns - time.perf_counter_ns()) / 1e9
+            if left <= 0:
+                raise UpstreamTimeout(f"model '{self.name}': the request's deadline passed "
+                                      "before the upstream was called", before_response=True,
+                                      target_fault=False)
+            budget = min(budget, left)
+        return budget
+
+    def headers(self, ctx: RequestContext, budget_s: float) -> dict[str, str]:
+        out = {"content-type": "application/json",
+               "x-sokuji-timeout-ms": f"{max(budget_s * 1e3, 0.001):.3f}",
+               "x-sokuji-priority": ctx.priority.name.lower(),
+               "x-request-id": ctx.request_id or uuid.uuid4().hex}
+        if ctx.traceparent and _TRACEPARENT.match(ctx.traceparent):
+            out["traceparent"] = ctx.traceparent
+        key = self.keys.get(ctx.tenant, self.default_key)
+        if key:
+            out["authorization"] = f"Bearer {key}"
+        return out
+
+    def report(self, attempt: Attempt, code: int | str) -> None:
+        if attempt.done:
+            return
+        attempt.done = True
+        if self.on_attempt is not None:
+            self.on_attempt(self.name, code, time.perf_counter() - attempt.t0)
+
+    async def post(self, path: str, body: bytes, headers: dict[str, str],
+                   tried: list[Attempt]) -> aiohttp.ClientResponse:
+        """POST ``body``; the response once its status line and headers came, if 2xx (its
+        body not read yet); otherwise the mapped error. Retried once when a reused
+        connection was closed before any response byte. Each attempt is appended to
+        ``tried``; one cut short by a timeout or a cancellation is the caller's to report."""
+        if self.session is None:
+            raise UpstreamUnavailable(f"model '{self.name}' is not started",
+                                      before_response=True)
+        url = self.base + path
+        for retry in (False, True):
+            attempt = Attempt()
+            tried.append(attempt)
+            try:
+                resp = await self.session.post(url, data=body, headers=headers,
+                                               allow_redirects=False,
+                                               trace_request_ctx={"attempt": attempt})
+            except aiohttp.ServerTimeoutError as exc:  # connect, or no headers in sock_read
+                self.report(attempt, "timeout")
+                if isinstance(exc, aiohttp.ConnectionTimeoutError):
+                    raise UpstreamUnavailable(f"{self.who}: cannot be reached (connect "
+                                              "timeout)", before_response=True) from None
+                raise UpstreamTimeout(f"{self.who}: no answer within timeout_ms",
+                                      before_response=True) from None
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+                closed = attempt.reused and not retry and not isinstance(
+                    exc, aiohttp.ClientConnectorError)
+                self.report(attempt, "disconnected" if closed else "connect_error")
+                if closed:
+                    continue  # the server closed an idle connection we reused: safe
+                raise UpstreamUnavailable(f"{self.who}: cannot be reached "
+                                          f"({type(exc).__name__})",
+                                          before_response=True) from None
+            except aiohttp.ClientError as exc:  # a malformed answer
+                self.report(attempt, "bad_response")
+                raise UpstreamFailed(f"{self.who}: {type(exc).__name__}: "
+                                     f"{str(exc)[:200]}") from None
+            if 200 <= resp.status < 300:
+                return resp
+            data = b""
+            try:
+                while len(data) < ERROR_READ_BYTES and (chunk := await resp.content.readany()):
+                    data += chunk
+            except (aiohttp.ClientError, OSError):
+                pass
+            finally:
+                resp.close()
+            self.report(attempt, resp.status)
+            raise status_error(self.who, resp.status, data[:ERROR_READ_BYTES], resp.headers)
+        raise AssertionError("unreachable: the second attempt returns or raises")
+
+    async def read(self, resp: aiohttp.ClientResponse, attempt: Attempt) -> bytes:
+        """The whole body, at most ``max_response_bytes`` (decompressed), else 502."""
+        limit, parts, size, complete = self.options.max_response_bytes, [], 0, False
+        try:
+            if resp.content_length is not None and resp.content_length > limit \
+                    and not resp.headers.get("content-encoding"):
+                raise self.too_large(attempt)
+            while chunk := await resp.content.readany():
+                size += len(chunk)
+                if size > limit:
+                    raise self.too_large(attempt)
+                parts.append(chunk)
+            complete = True
+        except aiohttp.ServerTimeoutError:
+            self.report(attempt, "timeout")
+            raise UpstreamTimeout(f"{self.who}: the answer stalled for timeout_ms",
+                                  before_response=False) from None
+        except (aiohttp.ClientError, OSError) as exc:
+            self.report(attempt, "disconnected")
+            raise UpstreamFailed(f"{self.who}: the response broke off "
+                                 f"({type(exc).__name__})") from None
+        finally:
+            if complete:
+                resp.release()
+            else:
+                resp.close()
+        self.report(attempt, resp.status)
+        return b"".join(parts)
+
+    def too_large(self, attempt: Attempt) -> UpstreamFailed:
+        self.report(attempt, "too_large")
+        return UpstreamFailed(f"{self.who}: the response exceeds max_response_bytes "
+                              f"({self.options.max_response_bytes})")
+
+    def cut_short(self, tried: list[Attempt], exc: BaseException) -> None:
+        """Report the last attempt, ended by our timeout or a cancellation."""
+        if tried:
+            self.report(tried[-1], "timeout" if isinstance(exc, TimeoutError) else "cancelled")
+
+    async def call(self, path: str, doc: dict[str, Any], ctx: RequestContext
+                   ) -> tuple[bytes, Mapping[str, str]]:
+        """POST ``doc`` as JSON: the answer's body and headers (the non-streaming path),
+        all within the attempt's budget."""
+        budget = self.budget_s(ctx)
+        body = orjson.dumps(doc)
+        tried: list[Attempt] = []
+        resp = None
+        try:
+            async with asyncio.timeout(budget):
+                resp = await self.post(path, body, self.headers(ctx, budget), tried)
+                data = await self.read(resp, tried[-1])
+        except TimeoutError as exc:
+            self.cut_short(tried, exc)
+            raise UpstreamTimeout(f"{self.who}: no answer within {budget * 1e3:.0f} ms",
+                                  before_response=resp is None) from None
+        except asyncio.CancelledError as exc:
+            self.cut_short(tried, exc)
+            raise
+        return data, resp.headers

@@ -1,0 +1,281 @@
+"""Nearest-centroid text classification over an encoder (``runtime = "classifier"``).
+
+The labelled prototypes (a JSONL of ``{"text": ..., "label": ...}``) are embedded once at
+load. A query's score for a label is its cosine to the label's centroid (``scheme =
+"centroid"``: the mean of the label's unit prototype vectors, renormalised) or its highest
+cosine to one of the label's prototypes (``"nn"``). The prediction is the best label and the
+**margin** (top-1 minus top-2 score) its confidence, which a cascade router compares with a
+threshold to decide whether a larger model should answer instead (``predict``, ``margin``).
+
+Options (``[models.options]``, checked at start: ``ConfigError`` naming the key):
+  encoder          minilm (built in) | mpnet (all-mpnet-base-v2, ``models/mpnet.py``) | the
+                   path of an ONNX encoder (then ``tokenizer`` is required)
+  tokenizer        tokenizer.json of an ONNX encoder given by path (default: the model's
+                   ``tokenizer``)
+  prototypes       a JSONL file, or ``builtin:intents`` (``sokuji/routing/data/``; default)
+  scheme           centroid (default) | nn
+  intra_op_threads ONNX Runtime's threads (default: the model's ``intra_op_threads``)
+
+Tokenising and embedding are ``OnnxEncoderRuntime``'s, unchanged, so a text's embedding here
+equals the encoder's served one. Output: FP32 ``[n, C]``, one score per label, labels in
+sorted order (``labels``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sokuji.config import ModelConfig, ServerConfig
+from sokuji.errors import ConfigError
+from sokuji.runtimes.base import ModelMetadata, Prepared, TensorSpec
+from sokuji.runtimes.onnx import INPUT_NAME, OnnxEncoderRuntime
+
+OUTPUT_NAME = "scores"
+ENCODERS = ("minilm", "mpnet")
+SCHEMES = ("centroid", "nn")
+BUILTIN_PROTOTYPES = {
+    "intents": Path(__file__).resolve().parent.parent / "routing" / "data"
+    / "intents_prototypes.jsonl",
+}
+EMBED_BATCH = 32
+"""Prototypes are embedded this many at a time, sorted by length (little padding)."""
+_KNOWN = frozenset({"encoder", "tokenizer", "prototypes", "scheme", "intra_op_threads"})
+
+
+def margin(scores: np.ndarray) -> np.ndarray:
+    """Top-1 minus top-2 score of each row of ``[n, C]`` scores (C >= 2): ``[n]``."""
+    rows = np.atleast_2d(np.asarray(scores))
+    if rows.shape[1] < 2:
+        raise ValueError(f"a margin needs at least two classes, got {rows.shape[1]}")
+    top = np.partition(rows, rows.shape[1] - 2, axis=1)[:, -2:]
+    return (top[:, 1] - top[:, 0]).astype(np.float32)
+
+
+def predict(scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the best label's index ``[n]``, its margin ``[n]``) for ``[n, C]`` scores."""
+    rows = np.atleast_2d(np.asarray(scores))
+    return rows.argmax(axis=1), margin(rows)
+
+
+@dataclass(frozen=True, slots=True)
+class ClassifierOptions:
+    encoder: str
+    tokenizer: str | None
+    prototypes: Path
+    scheme: str
+    intra_op_threads: int
+
+
+def parse_options(model: ModelConfig, at: str) -> ClassifierOptions:
+    """The model's options, checked (``at``: the key prefix errors name)."""
+    opts: Mapping[str, Any] = model.options
+    for key in opts:
+        if key not in _KNOWN:
+            raise ConfigError.for_key(f"{at}.{key}", opts[key],
+                                      f"unknown option (known: {', '.join(sorted(_KNOWN))})")
+
+    def text(key: str, default: str | None) -> str | None:
+        value = opts.get(key, default)
+        if value is not None and (not isinstance(value, str) or not value):
+            raise ConfigError.for_key(f"{at}.{key}", value, "must be a non-empty string")
+        return value
+
+    encoder = text("encoder", "minilm") or "minilm"
+    tokenizer = text("tokenizer", model.tokenizer)
+    if encoder not in ENCODERS:
+        if not Path(encoder).is_file():
+            raise ConfigError.for_key(f"{at}.encoder", encoder,
+                                      f"must be one of: {', '.join(ENCODERS)}, or the path "
+                                      "of an ONNX encoder file (no such file)")
+        if tokenizer is None:
+            raise ConfigError.for_key(f"{at}.tokenizer", None,
+                                      "an encoder given by path needs its tokenizer.json")
+        if not Path(tokenizer).is_file():
+            raise ConfigError.for_key(f"{at}.tokenizer", tokenizer, "no such file")
+    elif "tokenizer" in opts:
+        raise ConfigError.for_key(f"{at}.tokenizer", tokenizer, f"the built-in {encoder} "
+                                  "brings its own tokenizer: set it only with an encoder path")
+    scheme = text("scheme", "centroid")
+    if scheme not in SCHEMES:
+        raise ConfigError.for_key(f"{at}.scheme", scheme, f"must be one of: {', '.join(SCHEMES)}")
+    threads = opts.get("intra_op_threads", model.intra_op_threads)
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 0:
+        raise ConfigError.for_key(f"{at}.intra_op_threads", threads,
+                                  "must be zero (auto) or more")
+    source = text("prototypes", "builtin:intents") or ""
+    if source.startswith("builtin:"):
+        name = source.removeprefix("builtin:")
+        if name not in BUILTIN_PROTOTYPES:
+            known = ", ".join(f"builtin:{n}" for n in BUILTIN_PROTOTYPES)
+            raise ConfigError.for_key(f"{at}.prototypes", source,
+                                      f"unknown built-in set (known: {known})")
+        path = BUILTIN_PROTOTYPES[name]
+    else:
+        path = Path(source)
+    if not path.is_file():
+        raise ConfigError.for_key(f"{at}.prototypes", source, f"no such file: {path}")
+    return ClassifierOptions(encoder, tokenizer, path, scheme or "centroid", threads)
+
+
+def load_prototypes(path: Path, key: str) -> tuple[list[str], list[str]]:
+    """(texts, labels) of a JSONL file of ``{"text", "label"}`` lines (other keys ignored;
+    blank lines skipped), with at least two labels (a margin compares two)."""
+    texts: list[str] = []
+    labels: list[str] = []
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError.for_key(key, str(path), f"cannot read: {exc}") from exc
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as exc:
+            raise ConfigError.for_key(key, str(path), f"line {number} is not JSON: {exc}") \
+                from None
+        if not isinstance(row, dict) or not all(
+                isinstance(row.get(k), str) and row[k].strip() for k in ("text", "label")):
+            raise ConfigError.for_key(key, str(path), f"line {number} needs a non-empty "
+                                      "\"text\" and \"label\" (strings)")
+        texts.append(row["text"])
+        labels.append(row["label"])
+    if len(set(labels)) < 2:
+        raise ConfigError.for_key(key, str(path), f"needs at least two labels (a margin "
+                                  f"compares the best two), found {len(set(labels))}")
+    return texts, labels
+
+
+class ClassifierRuntime:
+    def __init__(self, model: ModelConfig, server: ServerConfig) -> None:
+        self.name = model.name
+        names = [m.name for m in server.models]
+        # Errors name the key as the config's own checks do (models[3].options.scheme).
+        self.at = (f"models[{names.index(model.name)}].options" if model.name in names
+                   else f"models['{model.name}'].options")
+        self.options = parse_options(model, self.at)
+        self._texts, self._raw_labels = load_prototypes(self.options.prototypes,
+                                                        f"{self.at}.prototypes")
+        self.labels: tuple[str, ...] = tuple(sorted(set(self._raw_labels)))
+        self._model = model
+        self._cache_dir = server.cache_dir
+        self.encoder: OnnxEncoderRuntime | None = None
+        self.dim = -1
+        """The encoder's embedding width; set by ``load``."""
+        self._matrix = np.zeros((0, 0), np.float32)
+        """Centroids ``[C, d]`` (centroid) or prototypes sorted by label ``[P, d]`` (nn)."""
+        self._starts = np.zeros(0, np.intp)
+        """nn: the first column of each label in ``_matrix``'s rows."""
+
+    def _build_encoder(self) -> OnnxEncoderRuntime:
+        o, limit = self.options, self._model.max_sequence_length
+        if o.encoder == "minilm":
+            from sokuji.models import minilm
+
+            return OnnxEncoderRuntime(
+                minilm.ensure_onnx(self._cache_dir), minilm.tokenizer_path(),
+                intra_op_threads=o.intra_op_threads,
+                max_sequence_length=min(limit, minilm.max_sequence_length()))
+        if o.encoder == "mpnet":
+            from sokuji.models import mpnet
+
+            if not mpnet.is_installed():
+                raise ConfigError.for_key(f"{self.at}.encoder", o.encoder,
+                                          f"the model's parts are not installed: "
+                                          f"{mpnet.INSTALL_HINT}")
+            return OnnxEncoderRuntime(
+                mpnet.ensure_onnx(self._cache_dir), mpnet.tokenizer_path(self._cache_dir),
+                intra_op_threads=o.intra_op_threads,
+                max_sequence_length=min(limit, mpnet.max_sequence_length(self._cache_dir)))
+        assert o.tokenizer is not None  # parse_options requires it for a path
+        return OnnxEncoderRuntime(o.encoder, o.tokenizer, intra_op_threads=o.intra_op_threads,
+                                  max_sequence_length=limit)
+
+    def load(self) -> None:
+        encoder = self._build_encoder()
+        encoder.load()
+        self.encoder = encoder
+        self.dim = encoder.describe().outputs[0].shape[-1]
+        if self.dim < 0:  # a graph without a static width: ask it
+            self.dim = encoder.run_batch([encoder.preprocess(["x"])])[0].shape[1]
+        vectors = self.embed(self._texts)
+        index = {label: i for i, label in enumerate(self.labels)}
+        ids = np.asarray([index[label] for label in self._raw_labels])
+        if self.options.scheme == "centroid":
+            sums = np.zeros((len(self.labels), vectors.shape[1]), np.float64)
+            np.add.at(sums, ids, vectors)
+            self._matrix = _unit(sums.astype(np.float32))
+        else:
+            order = np.argsort(ids, kind="stable")
+            self._matrix = np.ascontiguousarray(vectors[order])
+            self._starts = np.searchsorted(ids[order], np.arange(len(self.labels)))
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """Unit embeddings ``[n, d]`` of any number of texts (sorted by length into batches
+        of ``EMBED_BATCH``): for the prototypes, calibration and benchmarks."""
+        assert self.encoder is not None, "load() first"
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        parts: list[np.ndarray] = []
+        for start in range(0, len(order), EMBED_BATCH):
+            chunk = [texts[i] for i in order[start:start + EMBED_BATCH]]
+            parts.append(self.encoder.run_batch([self.encoder.preprocess(chunk)])[0])
+        out = np.empty((len(texts), self.dim), np.float32)
+        if parts:
+            out[np.asarray(order)] = np.concatenate(parts)
+        return _unit(out)
+
+    def classify(self, texts: Sequence[str]) -> np.ndarray:
+        """Scores ``[n, C]`` of any number of texts, outside the server (calibration)."""
+        return self.score(self.embed(texts))
+
+    def score(self, vectors: np.ndarray) -> np.ndarray:
+        """Scores ``[n, C]`` of unit embeddings ``[n, d]``."""
+        sims = vectors @ self._matrix.T
+        if self.options.scheme == "nn":
+            sims = np.maximum.reduceat(sims, self._starts, axis=1) if len(sims) else \
+                np.zeros((0, len(self.labels)), np.float32)
+        return np.ascontiguousarray(sims, dtype=np.float32)
+
+    def warmup(self) -> None:
+        assert self.encoder is not None, "load() first"
+        self.encoder.warmup()
+        self.run_batch([self.preprocess(["warm up the classifier"] * 2)])
+
+    def describe(self) -> ModelMetadata:
+        return ModelMetadata(
+            platform="sokuji_classifier",
+            inputs=(TensorSpec(INPUT_NAME, "BYTES", (-1,)),),
+            outputs=(TensorSpec(OUTPUT_NAME, "FP32", (-1, len(self.labels))),),
+        )
+
+    def preprocess(self, texts: Sequence[str]) -> Prepared:
+        assert self.encoder is not None, "load() first"
+        return self.encoder.preprocess(texts)
+
+    def run_batch(self, batch: Sequence[Prepared]) -> list[np.ndarray]:
+        """One encoder batch for every request, scored in one product, split per request."""
+        assert self.encoder is not None, "load() first"
+        rows = self.encoder.run_batch(batch)
+        scores = self.score(_unit(np.concatenate(rows) if len(rows) > 1 else rows[0]))
+        results, start = [], 0
+        for p in batch:
+            results.append(scores[start:start + p.num_items])
+            start += p.num_items
+        return results
+
+    def close(self) -> None:
+        if self.encoder is not None:
+            self.encoder.close()
+
+
+def _unit(rows: np.ndarray) -> np.ndarray:
+    """Rows scaled to unit length (float32); an all-zero row stays zero."""
+    rows = np.asarray(rows, dtype=np.float32)
+    norms = np.linalg.norm(rows, axis=1, keepdims=True)
+    return rows / np.maximum(norms, np.float32(1e-12))
