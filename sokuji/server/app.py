@@ -39,7 +39,7 @@ from sokuji.errors import (
 from sokuji.models.encoder import EncoderModel
 from sokuji.models.repository import Model, ModelRepository
 from sokuji.observability.metrics import Metrics
-from sokuji.server import backends, llm_api, media_http, openai_api, scheduling, v2
+from sokuji.server import backends, llm_api, media_http, openai_api, scheduling, semantic, v2
 from sokuji.server.auth import Authenticator, Tenant
 from sokuji.server.control import ControlPlane
 from sokuji.server.failures import ErrorStyle, error_reply, to_error
@@ -67,6 +67,8 @@ class Inference:
         self.metrics = metrics
         self.cache = cache
         self.auth = Authenticator(config.api_keys)
+        self.semantic: dict[str, semantic.SemanticLayer] = {}
+        """Models with a semantic cache (``semantic.py``), by name."""
 
     async def _run(self, model: Model, encoder: EncoderModel, texts: list[str],
                    ctx: RequestContext, cache_control: str) -> tuple[np.ndarray, int, Any]:
@@ -75,6 +77,8 @@ class Inference:
         for a model, or an answer from the cache)."""
         tl = ctx.timeline
         assert tl is not None
+        if self.semantic and model.name in self.semantic:
+            return await self._run_semantic(model, encoder, texts, ctx, cache_control)
         variant = model.variant
         if self.cache is None or not model.config.cache:  # the plain path: no closure
             if variant:
@@ -105,6 +109,46 @@ class Inference:
             store="no-store" not in control)
         tl.notes[Stage.CACHE] = result.value
         if result in (CacheResult.HIT, CacheResult.COALESCED):
+            tl.mark(Stage.CACHE)
+        return entry.output, entry.num_tokens, route
+
+    async def _run_semantic(self, model: Model, encoder: EncoderModel, texts: list[str],
+                            ctx: RequestContext, cache_control: str
+                            ) -> tuple[np.ndarray, int, Any]:
+        """``_run`` for a model with a semantic cache: the exact cache first, then the
+        semantic one item by item (``semantic.py``), then the model for the rest."""
+        tl = ctx.timeline
+        assert tl is not None
+        layer = self.semantic[model.name]
+        route: Any = None
+        tokens = 0
+
+        async def infer(sub: list[str], c: RequestContext = ctx) -> np.ndarray:
+            nonlocal route, tokens
+            prepared = await encoder.prepare(sub, c)
+            out = await encoder.submit(prepared, c).result()
+            if c is ctx:
+                route, tokens = getattr(prepared, "route", None), prepared.num_tokens
+            return np.asarray(out)
+
+        async def compute() -> Entry:
+            tl.mark(Stage.CACHE)
+            output, word = await layer.rows(
+                texts, ctx, infer, lambda sub: infer(sub, semantic.prioritised(ctx)))
+            tl.notes[Stage.CACHE] = word
+            tl.mark(Stage.POSTPROCESS)
+            return Entry(output, tokens)
+
+        if self.cache is None or not model.config.cache:
+            entry = await compute()
+            return entry.output, entry.num_tokens, route
+        control = cache_control.lower()
+        key = cache_key(ctx.tenant, model.name, f"{model.version}:{model.variant}", texts)
+        entry, result = await self.cache.get_or_compute(
+            model.name, key, compute, read="no-cache" not in control,
+            store="no-store" not in control)
+        if result in (CacheResult.HIT, CacheResult.COALESCED):
+            tl.notes[Stage.CACHE] = result.value
             tl.mark(Stage.CACHE)
         return entry.output, entry.num_tokens, route
 
@@ -222,6 +266,7 @@ class SokujiApp:
         self.auth = inference.auth
         self.generation = llm_api.Generation(inference.config, inference.repo,
                                              inference.metrics)
+        self.generation.semantic = inference.semantic
         self.control_plane = control_plane
         self.metrics = inference.metrics
         self.jobs = jobs
@@ -388,6 +433,14 @@ def create_app(config: ServerConfig, repo: ModelRepository,
         metrics.routing.connect(repo.routing)
     cache = backends.build_cache(config, metrics)
     inference = Inference(config, repo, metrics, cache)
+    for i, mc in enumerate(config.models):
+        if mc.semantic_cache and mc.name in repo.models:
+            m = repo.models[mc.name]
+            layer = semantic.build(mc.name, mc.version, m.kind, m.metadata.platform,
+                                   dict(mc.semantic_cache), f"models[{i}].semantic_cache",
+                                   repo.models, config.cache_dir, metrics.routing)
+            if layer is not None:
+                inference.semantic[mc.name] = layer
     cp = ControlPlane(config, repo, metrics, inference.auth)
     jobs = None
     if config.jobs.enabled:

@@ -22,7 +22,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from typing import ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from starlette.types import Receive, Send
 
@@ -61,6 +61,8 @@ class Generation:
         self.config = config
         self.repo = repo
         self.metrics = metrics
+        self.semantic: dict[str, Any] = {}
+        """Models with a semantic cache (``semantic.py``): the app shares its layers."""
 
     async def __call__(self, path: str, headers: Headers, receive: Receive, send: Send,
                        t0: int, tenant: Tenant) -> None:
@@ -87,8 +89,13 @@ class Generation:
                 generator.check_admission()
                 ctx = scheduling.context(tenant, headers, {}, t0,
                                          model.config.default_timeout_ms)
-                prepared = await generator.prepare(req, ctx)
-                gen = generator.submit(prepared, ctx)
+                layer = self.semantic.get(model.name)
+                key = layer.generation_key(req, ctx) if layer is not None else None
+                if layer is not None and key is not None:
+                    gen = await self._semantic(layer, key, generator, req, ctx)
+                else:
+                    prepared = await generator.prepare(req, ctx)
+                    gen = generator.submit(prepared, ctx)
         except ClientGone:
             return
         except Exception as exc:  # noqa: BLE001 - refused before submission: one mapper
@@ -105,6 +112,30 @@ class Generation:
         finally:
             gen.cancel()  # a no-op once finished; stops the engine if we got here early
             watcher.cancel()
+
+    async def _semantic(self, layer: Any, key: Any, generator: Any,
+                        req: llm_codec.CompletionRequest, ctx: Any) -> GenerationHandle:
+        """A deterministic request to a model with a semantic cache (``semantic.py``): a
+        hit answers from the cache; a miss generates and stores what it generated."""
+        from sokuji.server import semantic
+
+        hit, vector = await layer.lookup_generation(key, ctx)
+        if hit is not None:
+            text, reason, tokens = hit.value
+
+            async def fresh() -> str:
+                c = semantic.prioritised(ctx)
+                g = generator.submit(await generator.prepare(req, c), c)
+                out = await g.result()
+                return str(getattr(out, "text", out))
+
+            layer.audit_generation(fresh, text)
+            return semantic.CachedGeneration(text, reason, tokens, ctx.arrival_ns,
+                                             hit.similarity)
+        gen = generator.submit(await generator.prepare(req, ctx), ctx)
+        return semantic.StoringGeneration(
+            gen, lambda text, reason, n: layer.store_generation(key, vector,
+                                                                (text, reason, n)))
 
     async def _error(self, send: Send, exc: SokujiError, model: str) -> None:
         if model:
