@@ -14,7 +14,9 @@ target is left the router answers 503 with ``Retry-After`` = :meth:`Breaker.retr
   reports. Its success closes the breaker (cool-down back to ``cooldown_s``); its failure opens
   it again with the cool-down doubled, up to ``max_cooldown_s``. An attempt that ends without
   a verdict (the client cancelled, a 4xx that is the client's fault) calls
-  :meth:`Breaker.release`, which frees the probe's slot and counts nothing.
+  :meth:`Breaker.release`, which frees the probe's slot and counts nothing. A probe that has
+  not reported after ``max_cooldown_s`` is taken as lost (a bug should not keep a target
+  skipped for ever): the next request becomes the probe.
 - **Retry-After**: a target that answers 429 / 503 with ``Retry-After`` opens at once for that
   long (capped at ``max_cooldown_s``): the target said so. :func:`parse_retry_after` reads
   both of RFC 9110's forms (delay-seconds and an HTTP-date).
@@ -67,6 +69,7 @@ class Breaker:
         """The cool-down a failed probe doubles (back to ``cooldown_s`` on success)."""
         self._open_until = 0.0
         self._probing = False
+        self._probe_started = 0.0
 
     @property
     def state(self) -> BreakerState:
@@ -92,9 +95,11 @@ class Breaker:
         state = self.state
         if state is BreakerState.CLOSED:
             return True
-        if state is BreakerState.HALF_OPEN and not self._probing:
-            self._probing = True
-            return True
+        if state is BreakerState.HALF_OPEN:
+            now = self._clock()
+            if not self._probing or now - self._probe_started >= self.opts.max_cooldown_s:
+                self._probing, self._probe_started = True, now
+                return True
         return False
 
     def success(self) -> None:

@@ -277,7 +277,7 @@ class CanaryController:
         else:
             n_s, e_s = s.n, s.errors
             q = None
-        if self._q is None and s.n - s.errors >= MIN_STABLE_FOR_P99 \
+        if (self._q is None and s.n - s.errors >= MIN_STABLE_FOR_P99) \
                 or now - self._q_at >= RECHECK_S:
             self._q, self._q_at = s.p99(), now
         if self._q is not None:

@@ -108,7 +108,9 @@ class CanaryOptions(_Options, frozen=True):
     window_s: Positive = 30.0
     min_samples: Count = 50
     """Canary requests a step needs before it can pass (fewer: hold, never fail)."""
-    alpha: Annotated[float, Meta(gt=0, lt=1)] = 0.001
+    alpha: Annotated[float, Meta(gt=0, lt=1)] = 0.0001
+    """Per check; checks run after every canary completion, so it is small (A/A: 1e-3 rolled
+    back ~2% of healthy rollouts, 1e-4 none of 300; a broken canary still goes at 3 errors)."""
     min_failures: Count = 3
     """Canary errors (or slow requests) needed before a breach can be declared."""
     error_tolerance: Fraction = 0.01

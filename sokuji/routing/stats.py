@@ -23,8 +23,12 @@ def binom_sf(k: int, n: int, p: float) -> float:
         return 1.0
     lp, lq = math.log(p), math.log1p(-p)
     total = 0.0
+    mode = (n + 1) * p
     for i in range(k, n + 1):
-        total += math.exp(_log_comb(n, i) + i * lp + (n - i) * lq)
+        term = math.exp(_log_comb(n, i) + i * lp + (n - i) * lq)
+        total += term
+        if i > mode and term < total * 1e-17:
+            break  # past the mode the terms only shrink
     return min(1.0, total)
 
 
@@ -56,7 +60,9 @@ def wilson(k: int, n: int, z: float = Z95_TWO_SIDED) -> tuple[float, float]:
     z2 = z * z
     centre = (p + z2 / (2 * n)) / (1 + z2 / n)
     half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
+    lo = 0.0 if k <= 0 else max(0.0, centre - half)
+    hi = 1.0 if k >= n else min(1.0, centre + half)
+    return lo, hi
 
 
 def clopper_pearson_upper(k: int, n: int, confidence: float = 0.95) -> float:
