@@ -19,7 +19,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_ready(proc: subprocess.Popen[bytes], url: str, timeout_s: float = 60.0) -> None:
+def wait_ready(proc: subprocess.Popen[bytes], url: str, timeout_s: float = 180.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
