@@ -246,3 +246,16 @@ def test_a_healthy_canary_holds_without_traffic_and_never_fails() -> None:
             assert _infer(c, "r", ["x"]).status_code == 200
         assert _metric(c, 'sokuji_canary_rollbacks_total{reason="errors",router="r"}') == 0
         assert _metric(c, 'sokuji_canary_weight{router="r"}') == 50
+
+
+def test_a_router_has_metadata_config_and_statistics_like_a_model() -> None:
+    with client_for(_config(_model("small"), _model("big"), _router("r", **RULES))) as c:
+        meta = c.get("/v2/models/r")
+        assert meta.status_code == 200, meta.text
+        assert meta.json()["outputs"][0]["name"] == "length"
+        assert c.get("/v2/models/r/config").status_code == 200
+        assert c.get("/v2/models/r/ready").status_code == 200
+        _infer(c, "r", ["x"])
+        stats = c.get("/v2/models/r/stats")
+        assert stats.status_code == 200, stats.text
+        assert "r" in [m["id"] for m in c.get("/v1/models").json()["data"]]
