@@ -147,12 +147,13 @@ class RouterModel:
             raise InvalidInput(f"router '{self.name}' takes texts", param="inputs")
         return PreparedRoute(inputs, sum(map(len, inputs)), "embed", num_items=len(inputs))
 
-    def submit(self, prepared: PreparedRoute, ctx: RequestContext) -> Any:
+    def submit(self, prepared: PreparedRoute, ctx: RequestContext, timing: Any = None) -> Any:
+        """``timing``: a generating pipeline's (its answer step stamps the caller's)."""
         self.check_admission()
         from sokuji.routing.submission import RouteGeneration, RouteSubmission
 
         if self.kind is ModelKind.GENERATOR:
-            return RouteGeneration(self, prepared, ctx)
+            return RouteGeneration(self, prepared, ctx, timing)
         return RouteSubmission(self, prepared, ctx)
 
     def start(self) -> None:

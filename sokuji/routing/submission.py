@@ -20,7 +20,7 @@ import numpy as np
 
 from sokuji.core.model import RequestContext
 from sokuji.errors import SokujiError
-from sokuji.llm.request import Delta, Finish, Timing
+from sokuji.llm.request import Delta, Finish, Generated, Timing
 from sokuji.routing.attempts import RouteInfo, Target
 from sokuji.routing.router import PreparedRoute, RouterModel
 
@@ -140,12 +140,15 @@ class RouteTiming:
 
 
 class RouteGeneration:
-    def __init__(self, router: RouterModel, prepared: PreparedRoute, ctx: RequestContext):
+    def __init__(self, router: RouterModel, prepared: PreparedRoute, ctx: RequestContext,
+                 timing: Any = None):
         self.router = router
         self.prepared = prepared
         self.ctx = ctx
         self.info = prepared.route
-        self.timing = RouteTiming(ctx.arrival_ns, self.info)
+        self.given_timing = timing
+        """A pipeline's: the target stamps it (and it is what the caller reports)."""
+        self.timing = timing if timing is not None else RouteTiming(ctx.arrival_ns, self.info)
         self.gen: Any = None
         self.cancelled = False
         router.in_flight += 1
@@ -185,7 +188,8 @@ class RouteGeneration:
             model = target.model
             model.check_admission()
             inner = await model.prepare(req, ctx)
-            gen: Any = model.submit(inner, ctx)
+            gen: Any = model.submit(inner, ctx) if self.given_timing is None else \
+                model.submit(inner, ctx, timing=self.given_timing)  # type: ignore[call-arg]
             try:
                 events = await gen.next_events()
             except BaseException:
@@ -196,7 +200,8 @@ class RouteGeneration:
                 gen.cancel()
                 raise first.error
             self.gen = gen
-            self.timing.inner = gen.timing
+            if self.given_timing is None:
+                self.timing.inner = gen.timing
             return events
 
         return await router.attempts(ctx).run(router.plan(self.prepared, ctx), self.info, call)
@@ -221,11 +226,13 @@ class RouteGeneration:
                 if isinstance(event, Finish):
                     return
 
-    async def result(self) -> Any:
+    async def result(self) -> Generated:
         texts: list[str] = []
         async for event in self.events():
             if isinstance(event, Delta):
                 texts.append(event.text)
             elif event.error is not None:
                 raise event.error
-        return "".join(texts)
+            else:
+                return Generated("".join(texts), event)
+        raise AssertionError("unreachable: events() ends with a Finish")
