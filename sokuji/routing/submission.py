@@ -30,21 +30,18 @@ class RouteSubmission:
         self.router = router
         self.prepared = prepared
         self.ctx = ctx
-        self.task: asyncio.Task[Any] | None = None
         router.in_flight += 1
         self._open = True
 
     async def result(self) -> Any:
-        if self.task is None:
-            self.task = asyncio.ensure_future(self._run())
+        """Runs the attempts in the caller's task: a caller that is cancelled (its client
+        went away) cancels the attempt in flight with it."""
         try:
-            return await self.task
+            return await self._run()
         finally:
             self._close()
 
     def cancel(self) -> None:
-        if self.task is not None:
-            self.task.cancel()
         self._close()
 
     def _close(self) -> None:
