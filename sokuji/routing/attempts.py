@@ -130,7 +130,8 @@ class Attempts:
     def _judge(self, target: Target, exc: BaseException, ms: float) -> str:
         """The attempt's outcome, and its effect on the target's breaker."""
         breaker = target.breaker
-        if isinstance(exc, TimeoutError):  # our own bound on the attempt
+        if isinstance(exc, TimeoutError) or (isinstance(exc, DeadlineExceeded) and getattr(
+                exc, "target_fault", False)):  # our bound on the attempt, or an upstream's
             breaker.failure()
             outcome = "timeout"
         elif isinstance(exc, SokujiError) and exc.status < 500 and exc.status != 429:

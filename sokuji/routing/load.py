@@ -12,6 +12,7 @@ from typing import Any
 
 from sokuji.config import ModelConfig, ServerConfig
 from sokuji.core.model import ServedModel
+from sokuji.errors import ConfigError
 from sokuji.routing.attempts import Target
 from sokuji.routing.breaker import Breaker, BreakerState
 from sokuji.routing.config import BreakerOptions, RouterOptions, parse_router
@@ -30,9 +31,17 @@ class RoutingHooks:
     breakers: dict[str, Breaker] = field(default_factory=dict)
     routers: dict[str, RouterModel] = field(default_factory=dict)
 
-    def breaker(self, name: str, opts: BreakerOptions) -> Breaker:
-        if name not in self.breakers:
+    def breaker(self, name: str, opts: BreakerOptions, at: str) -> Breaker:
+        """The target's one breaker, shared by every router that uses it: routers that set
+        its options must agree (one that leaves them at the defaults takes the others')."""
+        existing = self.breakers.get(name)
+        if existing is None or (existing.opts == BreakerOptions() and opts != existing.opts):
             self.breakers[name] = Breaker(name, opts, on_transition=self._transition)
+        elif opts != existing.opts and opts != BreakerOptions():
+            raise ConfigError(f"Config '{at}.breaker': target '{name}' already has a breaker "
+                              "with other options (one breaker per target, shared by every "
+                              "router): give the routers the same breaker table",
+                              param=f"{at}.breaker")
         return self.breakers[name]
 
     def _transition(self, name: str, state: BreakerState) -> None:
@@ -44,7 +53,8 @@ def load_router(mc: ModelConfig, at: str, config: ServerConfig,
                 served: Mapping[str, ServedModel], hooks: RoutingHooks) -> RouterModel:
     runtimes = {m.name: m.runtime for m in config.models}
     opts: RouterOptions = parse_router(mc.options, f"{at}.options", runtimes)
-    targets = {name: Target(name, served[name], hooks.breaker(name, opts.breaker))
+    targets = {name: Target(name, served[name],
+                            hooks.breaker(name, opts.breaker, f"{at}.options"))
                for name in opts.all_targets()}
     threshold: float | None = None
     if opts.kind == "cascade":

@@ -259,3 +259,16 @@ def test_a_router_has_metadata_config_and_statistics_like_a_model() -> None:
         stats = c.get("/v2/models/r/stats")
         assert stats.status_code == 200, stats.text
         assert "r" in [m["id"] for m in c.get("/v1/models").json()["data"]]
+
+
+def test_routers_sharing_a_target_share_its_breaker_and_must_agree_on_it() -> None:
+    from sokuji.models.repository import ModelRepository
+
+    strict = _router("s", kind="rules", default="a", breaker={"failures": 1})
+    plain = _router("p", kind="rules", default="a")
+    repo = ModelRepository.load(_config(_model("a"), strict, plain))
+    assert repo.routing is not None
+    assert repo.routing.breakers["a"].opts.failures == 1  # the defaults take the other's
+    lenient = _router("l", kind="rules", default="a", breaker={"failures": 1000})
+    with pytest.raises(ConfigError, match=r"models\[2\].options.breaker.*same breaker table"):
+        ModelRepository.load(_config(_model("a"), strict, lenient))
