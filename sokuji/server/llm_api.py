@@ -86,14 +86,17 @@ class Generation:
                 gen = pipe.submit_generation(prepared_steps, ctx, req)
             else:
                 generator = model.generator()
-                generator.check_admission()
+                layer = self.semantic.get(model.name)
+                if layer is None:  # (a semantic hit is answered even when the model is full)
+                    generator.check_admission()
                 ctx = scheduling.context(tenant, headers, {}, t0,
                                          model.config.default_timeout_ms)
-                layer = self.semantic.get(model.name)
                 key = layer.generation_key(req, ctx) if layer is not None else None
                 if layer is not None and key is not None:
                     gen = await self._semantic(layer, key, generator, req, ctx)
                 else:
+                    if layer is not None:
+                        generator.check_admission()
                     prepared = await generator.prepare(req, ctx)
                     gen = generator.submit(prepared, ctx)
         except ClientGone:
@@ -132,6 +135,7 @@ class Generation:
             layer.audit_generation(fresh, text)
             return semantic.CachedGeneration(text, reason, tokens, ctx.arrival_ns,
                                              hit.similarity)
+        generator.check_admission()
         gen = generator.submit(await generator.prepare(req, ctx), ctx)
         return semantic.StoringGeneration(
             gen, lambda text, reason, n: layer.store_generation(key, vector,
@@ -243,6 +247,10 @@ class Generation:
         an error reply (``error_reply``), which ``_error`` counts."""
         status = event.error.status if event.error is not None \
             else 499 if event.reason == "cancelled" else 200
+        if getattr(gen, "cached", False):  # a semantic hit: nothing was generated
+            if not error_reply:
+                self.metrics.requests.labels(model, str(status)).inc()
+            return
         asyncio.get_running_loop().call_soon(self.metrics.observe_generation, model,
                                              gen.timing, event.completion_tokens, status,
                                              not error_reply)

@@ -13,9 +13,10 @@ the exact cache, per model, off unless the model's ``semantic_cache.enabled``.
 
 Every lookup observes its nearest similarity (``sokuji_semantic_cache_nearest_similarity``)
 and its result. ``audit_rate`` of the hits are computed afresh in the background (batch
-priority, only when the model admits them at once) and compared with the cached answer
-(classifiers: the label; generations: the text): ``sokuji_semantic_cache_audits_total
-{outcome=agree|disagree}`` is the live false-hit rate.
+priority) and compared with the cached answer: for classifiers by label, so
+``sokuji_semantic_cache_audits_total{outcome=disagree}`` is the live false-hit rate; for
+generations by exact text, so "disagree" means "not what the model writes for this
+wording" (a right answer in other words counts too: an upper bound on false hits).
 """
 
 from __future__ import annotations
@@ -169,6 +170,8 @@ class CachedGeneration:
         self.timing = Timing(arrival_ns, submitted_ns=now, admitted_ns=now,
                              first_token_ns=now, end_ns=now, prefix_lookup="off")
         self.served_by = f"cache semantic {similarity:.3f}"
+        self.cached = True
+        """Not a generation: no generation metrics (the request is counted)."""
         self._events: list[Any] = [Delta(text, tokens), Finish(reason, tokens)]
 
     async def next_events(self) -> list[Any]:
