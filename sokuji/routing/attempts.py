@@ -85,6 +85,10 @@ class Attempts:
             if not breaker.acquire():
                 info.attempts.append((target.name, "open", 0.0))
                 cause = cause or "breaker_open"
+                if target.on_outcome is not None:
+                    # A canary arm skipped by its open breaker failed this request too: the
+                    # controller must see it, or a broken canary looks healthy (and passes).
+                    target.on_outcome(target, False, 0.0)
                 continue
             budget = self._budget([t for t, _ in plan[i + 1:]])
             t0 = time.perf_counter_ns()

@@ -10,13 +10,13 @@ does), with exact tests that stay valid on the small counts a window holds:
   p < ``alpha`` **and** at least ``min_failures`` canary errors **and** a canary error rate at
   least ``error_tolerance`` above stable's: without the count floor one unlucky request among
   a handful would roll back.
-- **Latency**: q = stable's p99 in the window (at least 100 successful stable requests, else
-  the test is skipped). A canary request is slow when it took more than q x ``p99_slack``.
-  Under "the canary is no slower" at most 1% of its requests exceed q, so the number slow X
-  among its n successful requests is at most Binomial(n, 0.01): a breach needs
-  P(X >= x) < ``alpha`` and x >= ``min_failures``. q is the order statistic at rank
-  ceil(0.99 (n + 1)), whose exceedance probability is at most 1% (the nearest rank would give
-  2% at n = 100). Requests that failed are judged by the error test only.
+- **Latency**: q = stable's p99 in the window (>= 100 successful stable requests, else no
+  test): the r-th largest of its m successes, r = m + 1 - ceil(0.99 (m + 1)). A canary
+  request is slow above q x ``p99_slack``. If the canary is no slower, the number X of its n
+  successes above q has the exceedance law C(x + r - 1, x) C(n - x + m - r, n - x) /
+  C(n + m, n), exact although q is estimated (Binomial(n, 0.01) is not: at m = 100 it
+  rejects several times too often). A breach needs P(X >= x) < ``alpha`` and x >=
+  ``min_failures``. Failed requests are judged by the error test only.
 - **Decisive evidence rolls back at once**, whatever the number of samples: weight 0, state
   ``rolled_back`` with the reason (test, counts, p-value), a WARNING line, an event. It stays
   rolled back (the router keeps sending everything to stable) until a config reload.
@@ -148,14 +148,14 @@ class _Window:
             self.slow = 0 if threshold is None else sum(
                 1 for _, ok, lat in self.entries if ok and lat > threshold)
 
-    def p99(self) -> float | None:
-        """The successful requests' latency at rank ceil(0.99 (n + 1)) (capped at n)."""
+    def p99(self) -> tuple[float, int, int] | None:
+        """Successful requests' latency at rank ceil(0.99 (n + 1)) (<= n), n, rank from top."""
         ok = [lat for _, good, lat in self.entries if good]
         n = len(ok)
         if n < MIN_STABLE_FOR_P99:
             return None
-        rank = min(n, math.ceil((1 - P99_EXCEED) * (n + 1)))
-        return heapq.nlargest(n - rank + 1, ok)[-1]
+        top = n - min(n, math.ceil((1 - P99_EXCEED) * (n + 1))) + 1
+        return heapq.nlargest(top, ok)[-1], n, top
 
     def clear(self) -> None:
         self.entries.clear()
@@ -182,9 +182,9 @@ class CanaryController:
         self._stable = _Window()
         self._step_started = clock()
         self._hold_since: float | None = None
-        self._baseline: tuple[int, int, float | None] | None = None
+        self._baseline: tuple[int, int, tuple[float, int, int] | None] | None = None
         """The previous step's stable (n, errors, p99), for a step where stable is idle."""
-        self._q: float | None = None
+        self._q: tuple[float, int, int] | None = None
         self._q_at = -math.inf
         self._new = True
         self._checked_at = -math.inf
@@ -292,14 +292,15 @@ class CanaryController:
             error_p = stats.fisher_greater(e_c, n_c - e_c, e_s, n_s - e_s)
             if error_p < opts.alpha:
                 breach = "errors"
-        threshold = None if q is None else q * opts.p99_slack
+        threshold = None if q is None else q[0] * opts.p99_slack
         c.set_threshold(threshold)
         slow = None if threshold is None else c.slow
         latency_p = None
         ok_c = n_c - e_c
-        if slow is not None and slow >= opts.min_failures and slow > ok_c * P99_EXCEED \
-                and _log_binom_pmf(slow, ok_c, P99_EXCEED) < log_alpha:
-            latency_p = stats.binom_sf(slow, ok_c, P99_EXCEED)
+        if q is not None and slow is not None and slow >= opts.min_failures \
+                and slow * (q[1] + 1) > ok_c * q[2] \
+                and stats.exceedance_log_pmf(slow, ok_c, q[1], q[2]) < log_alpha:
+            latency_p = stats.exceedance_sf(slow, ok_c, q[1], q[2])
             if latency_p < opts.alpha and not breach:
                 breach = "latency"
         result: Result
@@ -308,6 +309,8 @@ class CanaryController:
         elif n_c < opts.min_samples:
             result = "hold"
             reason = f"{n_c} canary requests in the window, {opts.min_samples} needed"
+        elif q is None:  # a step never passes unjudged on latency
+            result, reason = "hold", f"stable has < {MIN_STABLE_FOR_P99} successes: no p99 yet"
         else:
             result, reason = "pass", ""
         return CanaryCheck(result=result, reason=reason, step=self.step, weight=self.weight,
@@ -324,7 +327,7 @@ class CanaryController:
         ok_c = check.canary_n - check.canary_errors
         return (f"latency: {check.slow} of {ok_c} canary requests slower than "
                 f"{check.threshold_s:.4g} s ({stable} p99 x {self.opts.p99_slack:g}), "
-                f"binomial p={check.latency_p:.3g} < alpha {self.opts.alpha:g}")
+                f"exceedance p={check.latency_p:.3g} < alpha {self.opts.alpha:g}")
 
     # -- acting on them -----------------------------------------------------------------------
 
@@ -386,10 +389,6 @@ class CanaryController:
 # the exact tail (O(n) terms) is not computed. This keeps a check O(1) on the common path.
 def _log_comb(n: int, k: int) -> float:
     return math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
-
-
-def _log_binom_pmf(x: int, n: int, p: float) -> float:
-    return _log_comb(n, x) + x * math.log(p) + (n - x) * math.log1p(-p)
 
 
 def _log_hypergeom_pmf(a: int, n_row1: int, n_err: int, total: int) -> float:

@@ -52,6 +52,24 @@ def fisher_greater(a: int, b: int, c: int, d: int) -> float:
     return min(1.0, p)
 
 
+def exceedance_log_pmf(x: int, n: int, m: int, r: int) -> float:
+    """log P(X = x), X the number of ``n`` new samples above the ``r``-th largest of ``m``
+    reference samples, all ``n + m`` from one distribution (exchangeable)."""
+    if not 0 <= x <= n or not 1 <= r <= m:
+        return -math.inf
+    return (_log_comb(x + r - 1, x) + _log_comb(n - x + m - r, n - x)
+            - _log_comb(n + m, n))
+
+
+def exceedance_sf(x: int, n: int, m: int, r: int) -> float:
+    """P(X >= x) for ``exceedance_log_pmf``'s X. Distribution-free, so exact when the
+    threshold is itself estimated from the m reference samples (a Binomial(n, r / m) tail
+    is not: it takes the estimate for the true quantile, and rejects too often)."""
+    if x <= 0:
+        return 1.0
+    return min(1.0, sum(math.exp(exceedance_log_pmf(i, n, m, r)) for i in range(x, n + 1)))
+
+
 def wilson(k: int, n: int, z: float = Z95_TWO_SIDED) -> tuple[float, float]:
     """Wilson score interval for k successes in n trials ((0, 1) when n = 0)."""
     if n <= 0:

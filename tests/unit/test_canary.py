@@ -261,6 +261,7 @@ def test_a_pass_breaks_a_hold_streak() -> None:
     fill_stable(ctl, clock, 200)
     clock.t = 15.0
     ctl.evaluate()  # hold starts
+    fill_stable(ctl, clock, 200)  # live stable: a step passes only when judged on latency too
     for _ in range(60):
         ctl.record("canary", True, 0.02)
     clock.t = 16.0
