@@ -1,6 +1,7 @@
 """Every headline figure from one command (``make bench-all``), with the machine that gave it.
 
-    .venv/bin/python benchmarks/run_all.py [--only overhead,goodput,llm,speculative,media] [--quick]
+    .venv/bin/python benchmarks/run_all.py [--quick] [--only overhead,goodput,llm,
+        speculative,media,hop,failover,cascade,canary,semantic]   (steps comma-separated)
 
 Runs each benchmark script in turn (never two at once: they pin the same cores), each writing
 its own raw JSON, probes the machine before and after (CPU, load, thread and event-loop
@@ -41,9 +42,14 @@ class Figure:
     target: str  # e.g. ">= 0.95", "<= 0.3"
     unit: str = ""
 
-    def met(self, value: float) -> bool:
+    def met(self, value: float) -> bool | None:
+        """None: a figure recorded without a target."""
+        if not self.target:
+            return None
         op, bound = self.target.split()
-        return value >= float(bound) if op == ">=" else value <= float(bound)
+        b = float(bound)
+        return {">=": value >= b, "<=": value <= b, "<": value < b, ">": value > b,
+                "==": value == b}[op]
 
 
 @dataclass(frozen=True)
@@ -117,6 +123,29 @@ STEPS = [
                lambda r: float(r["summary"]["vad"]["1"]["sokuji_over_silero_sequence"]),
                ">= 0.95"),
     ], quick=["--quick"]),
+    Step("hop", "upstream_hop.py", "~2", [
+        Figure("router -> upstream Sokuji, added p50 at c=1 (V2)",
+               lambda r: float(r["figures"]["v2 c=1 router"]["added_p50_ms"]), "", "ms"),
+    ], quick=["--rounds", "1", "--no-ttft"]),
+    Step("failover", "failover.py", "~1", [
+        Figure("5xx while an upstream is killed (breaker)",
+               lambda r: float(sum(p["5xx"] for p in r["summaries"]["kill"]["breaker"]
+                                   ["phases"].values())), "== 0"),
+        Figure("hung upstream: outage mean latency, breaker / none",
+               lambda r: float(r["summaries"]["stop"]["breaker"]["phases"]["outage"]
+                               ["mean_ms"] / r["summaries"]["stop"]["nobreak"]["phases"]
+                               ["outage"]["mean_ms"]), "< 1"),
+    ]),
+    Step("cascade", "cascade.py", "~8", [
+        Figure("cascade θ 0.05: accuracy / large-only",
+               lambda r: float(next(s["of_large"] for s in r["systems"]
+                                    if s["system"] == "cascade-0.05")), ">= 0.98"),
+        Figure("cascade θ 0.05: compute / large-only",
+               lambda r: float(next(s["compute_of_large"] for s in r["systems"]
+                                    if s["system"] == "cascade-0.05")), "<= 0.5"),
+    ], quick=["--quick"]),
+    Step("canary", "canary.py", "~6", [], quick=["--quick"]),
+    Step("semantic", "semantic_cache.py", "~5", [], quick=["--quick"]),
 ]
 
 
@@ -181,9 +210,10 @@ def main() -> None:
     for col in ("step", "figure", "value", "target", "met"):
         table.add_column(col)
     md = ["| step | figure | value | target | met |", "|---|---|---|---|---|"]
-    for name, f, value, note in rows:
-        shown = f"{value:.3f}{(' ' + f.unit) if f.unit else ''}" if value is not None else note
-        met = "" if value is None else ("yes" if f.met(value) else "**no**")
+    for name, f, got, note in rows:
+        shown = f"{got:.3f}{(' ' + f.unit) if f.unit else ''}" if got is not None else note
+        judged = None if got is None else f.met(got)
+        met = "" if judged is None else ("yes" if judged else "**no**")
         table.add_row(name, f.label, shown, f.target, met.replace("*", ""))
         md.append(f"| {name} | {f.label} | {shown} | {f.target} | {met} |")
     console.print(table)
