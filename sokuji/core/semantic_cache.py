@@ -100,7 +100,7 @@ class SemanticCache:
     """Per-scope nearest-neighbour cache; see the module docstring."""
 
     def __init__(self, threshold: float, guards: bool = True, max_entries: int = 10000,
-                 max_bytes: int = 64 << 20) -> None:
+                 max_bytes: int = 64 << 20, tenant_share: float = 1.0) -> None:
         if not math.isfinite(threshold) or not -1.0 <= threshold <= 1.0:
             raise ConfigError(f"semantic cache threshold {threshold!r}: a cosine similarity "
                               "in [-1, 1] is needed", param="semantic_cache.threshold")
@@ -111,6 +111,10 @@ class SemanticCache:
         self.guards = guards
         self.max_entries = max_entries
         self.max_bytes = max_bytes
+        self.tenant_max = max(1, int(max_entries * tenant_share))
+        """Entries one tenant (a scope's first element) may hold: past it, that tenant's own
+        least recently used entry goes, so one tenant cannot flush the others' entries."""
+        self._per_tenant: dict[str, OrderedDict[tuple[Scope, str], None]] = {}
         self._scopes: dict[Scope, _ScopeRows] = {}
         self._lru: OrderedDict[tuple[Scope, str], _Entry] = OrderedDict()
         self._bytes = 0
@@ -145,6 +149,7 @@ class SemanticCache:
             return None, similarity, "guarded"
         key = (scope, cached)
         self._lru.move_to_end(key)
+        self._per_tenant[scope[0] if scope else ""].move_to_end(key)
         return SemanticHit(self._lru[key].value, similarity, cached), similarity, "hit"
 
     def store(self, scope: Scope, text: str, vector: np.ndarray, value: Any,
@@ -163,22 +168,33 @@ class SemanticCache:
         key = (scope, text)
         if key in self._lru:
             self._bytes -= self._lru.pop(key).nbytes
+            self._per_tenant[scope[0] if scope else ""].pop(key, None)
         if rows is None:
             rows = self._scopes[scope] = _ScopeRows(len(unit))
         rows.put(text, unit)
         self._lru[key] = _Entry(value, nbytes)
         self._bytes += nbytes
+        own = self._per_tenant.setdefault(scope[0] if scope else "", OrderedDict())
+        own[key] = None
+        while len(own) > self.tenant_max:
+            self._evict(next(iter(own)))
         while len(self._lru) > self.max_entries or self._bytes > self.max_bytes:
             self._evict(next(iter(self._lru)))
 
     def clear(self) -> None:
         self._scopes.clear()
         self._lru.clear()
+        self._per_tenant.clear()
         self._bytes = 0
 
     def _evict(self, key: tuple[Scope, str]) -> None:
         scope, text = key
         self._bytes -= self._lru.pop(key).nbytes
+        tenant = scope[0] if scope else ""
+        own = self._per_tenant[tenant]
+        own.pop(key, None)
+        if not own:
+            del self._per_tenant[tenant]
         rows = self._scopes[scope]
         rows.remove(text)
         if rows.n == 0:

@@ -179,6 +179,9 @@ class SemanticCacheConfig(_Options, frozen=True):
     max_entries: Count = 10000
     """Entries of this model, across its tenants (least recently used evicted first)."""
     max_bytes: Count = 64 * 1024 * 1024
+    tenant_share: Annotated[float, Meta(gt=0, le=1)] = 0.25
+    """The most of ``max_entries`` one tenant may hold (past it, its own oldest entries
+    go): a busy tenant cannot flush everyone else's."""
 
 
 def _convert(options: Mapping[str, Any], kind: type[Any], at: str) -> Any:

@@ -49,7 +49,8 @@ class SemanticLayer:
         self.version = version
         self.cfg = cfg
         self.embedder = embedder
-        self.store = SemanticCache(threshold, cfg.guards, cfg.max_entries, cfg.max_bytes)
+        self.store = SemanticCache(threshold, cfg.guards, cfg.max_entries, cfg.max_bytes,
+                                   cfg.tenant_share)
         self.metrics = metrics
         self.rng = rng or random.Random()
         self.audits: set[asyncio.Task[None]] = set()

@@ -205,3 +205,22 @@ def test_ten_thousand_entries_one_product_per_lookup() -> None:
         q = near(m[j], 0.95, seed=j)
         hit, _, result = cache.lookup(A, "q", q)
         assert result == "hit" and hit is not None and hit.value == int(np.argmax(m @ q))
+
+
+def test_one_tenant_cannot_flush_the_others() -> None:
+    """Past its share of the entries, a tenant evicts its own oldest entries, not others'."""
+    import numpy as np
+
+    from sokuji.core.semantic_cache import SemanticCache
+
+    cache = SemanticCache(0.9, max_entries=8, tenant_share=0.5)
+    rng = np.random.default_rng(0)
+    a = ("a", "m", "1", "")
+    b = ("b", "m", "1", "")
+    kept = rng.normal(size=8)
+    cache.store(a, "a's question", kept, "a's answer", 8)
+    for i in range(20):  # tenant b floods
+        cache.store(b, f"b question {i}", rng.normal(size=8), "x", 8)
+    hit, _, result = cache.lookup(a, "a's question", kept)
+    assert result == "hit" and hit is not None and hit.value == "a's answer"
+    assert len(cache) == 1 + 4  # b holds its share (4 of 8), a keeps its one
