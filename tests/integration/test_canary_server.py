@@ -208,7 +208,8 @@ def _rolls_back_within_a_window(server: Server, replies: list[Reply], degrade_af
 
 
 @pytest.mark.parametrize(("weight", "rate", "window_s"), [
-    (25, 50, WINDOW_S),
+    # 50% at 100 req/s: many healthy canary requests in the window before it degrades, the
+    # hard case (25% at 50 req/s passes too: benchmarks/canary.py measures both)
     (50, 100, 6.0),
 ])
 def test_an_error_degrading_canary_rolls_back_within_one_window(
@@ -337,10 +338,10 @@ options = {{ kind = "rules", default = "intent", shadow = {{ target = "intent-v2
 
 
 def test_an_idle_canary_holds_and_never_fails() -> None:
-    body = canary_config("error_rate = 0.0", steps=[25, 100], window_s=2.0, min_samples=50,
+    body = canary_config("error_rate = 0.0", steps=[25, 100], window_s=1.0, min_samples=50,
                          max_hold_windows=1, on_no_traffic="hold")
     with serve(body) as server:
-        replies = asyncio.run(open_loop(server.url, "r", rate=3, seconds=7))
+        replies = asyncio.run(open_loop(server.url, "r", rate=4, seconds=3.5))
         assert all(r.status == 200 for r in replies)
         assert any(r.served_by == "v2" for r in replies)  # it had some traffic, too little
         assert server.metric('sokuji_canary_rollbacks_total{') == 0

@@ -194,7 +194,7 @@ def test_bad_router_options_name_the_key(options: dict[str, Any], message: str) 
 
 
 def test_targets_must_take_and_return_the_same_tensors() -> None:
-    config = _config(_model("a"), cfg.ModelConfig(name="minilm"),
+    config = _config(_model("a"), cfg.ModelConfig(name="minilm", warmup=False),
                      _router("r", kind="rules", default="a", fallbacks=["minilm"]))
     from sokuji.models.repository import ModelRepository
 
