@@ -126,7 +126,35 @@ class Generated:
     finish: Finish
 
 
-class GenerationRequest:
+class EventStream:
+    """``events()`` and ``result()`` over a handle's ``next_events()``: shared by every
+    generation handle (local, upstream, routed)."""
+
+    async def next_events(self) -> list[Delta | Finish]:
+        raise NotImplementedError
+
+    async def events(self) -> AsyncIterator[Delta | Finish]:
+        """Each event as it comes: ``Delta``s, then one ``Finish`` (whatever its reason)."""
+        while True:
+            for event in await self.next_events():
+                yield event
+                if isinstance(event, Finish):
+                    return
+
+    async def result(self) -> Generated:
+        """The whole text and its finish; raises the error a failed generation carries."""
+        texts: list[str] = []
+        async for event in self.events():
+            if isinstance(event, Delta):
+                texts.append(event.text)
+            elif event.error is not None:
+                raise event.error
+            else:
+                return Generated("".join(texts), event)
+        raise AssertionError("unreachable: events() ends with a Finish")
+
+
+class GenerationRequest(EventStream):
     """Created on the event loop; the engine thread fills ``timing`` and pushes events."""
 
     def __init__(self, model: str, prompt: list[int], params: SamplingParams,
@@ -172,25 +200,6 @@ class GenerationRequest:
         self._events.clear()
         return out
 
-    async def events(self) -> AsyncIterator[Delta | Finish]:
-        """Each event as it comes: ``Delta``s, then one ``Finish`` (whatever its reason)."""
-        while True:
-            for event in await self.next_events():
-                yield event
-                if isinstance(event, Finish):
-                    return
-
-    async def result(self) -> Generated:
-        """The whole text and its finish; raises the error a failed generation carries."""
-        texts: list[str] = []
-        async for event in self.events():
-            if isinstance(event, Delta):
-                texts.append(event.text)
-            elif event.error is not None:
-                raise event.error
-            else:
-                return Generated("".join(texts), event)
-        raise AssertionError("unreachable: events() ends with a Finish")
 
 
 class GenerationHandle(Protocol):

@@ -20,7 +20,7 @@ import numpy as np
 
 from sokuji.core.model import RequestContext
 from sokuji.errors import SokujiError
-from sokuji.llm.request import Delta, Finish, Generated, Timing
+from sokuji.llm.request import EventStream, Finish, Timing
 from sokuji.routing.attempts import RouteInfo, Target
 from sokuji.routing.router import PreparedRoute, RouterModel
 
@@ -136,7 +136,7 @@ class RouteTiming:
         return timing.render(self.timing_entries())
 
 
-class RouteGeneration:
+class RouteGeneration(EventStream):
     def __init__(self, router: RouterModel, prepared: PreparedRoute, ctx: RequestContext,
                  timing: Any = None):
         self.router = router
@@ -215,21 +215,3 @@ class RouteGeneration:
         if self._open:
             self._open = False
             self.router.in_flight -= 1
-
-    async def events(self) -> Any:
-        while True:
-            for event in await self.next_events():
-                yield event
-                if isinstance(event, Finish):
-                    return
-
-    async def result(self) -> Generated:
-        texts: list[str] = []
-        async for event in self.events():
-            if isinstance(event, Delta):
-                texts.append(event.text)
-            elif event.error is not None:
-                raise event.error
-            else:
-                return Generated("".join(texts), event)
-        raise AssertionError("unreachable: events() ends with a Finish")

@@ -21,7 +21,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -29,7 +29,7 @@ import orjson
 
 from sokuji.core.model import RequestContext
 from sokuji.errors import DeadlineExceeded, SokujiError
-from sokuji.llm.request import Delta, Finish, Generated, Timing
+from sokuji.llm.request import Delta, EventStream, Finish, Timing
 from sokuji.routing.upstream_codec import SseParser
 from sokuji.routing.upstream_http import (
     Attempt,
@@ -42,7 +42,7 @@ from sokuji.routing.upstream_http import (
 log = logging.getLogger(__name__)
 
 
-class UpstreamGeneration:
+class UpstreamGeneration(EventStream):
     """One generation on the upstream: a ``GenerationHandle`` (``llm/request.py``)."""
 
     def __init__(self, client: UpstreamClient, path: str, body: bytes, chat: bool,
@@ -79,23 +79,6 @@ class UpstreamGeneration:
         self._events.clear()
         return out
 
-    async def events(self) -> AsyncIterator[Delta | Finish]:
-        while True:
-            for event in await self.next_events():
-                yield event
-                if isinstance(event, Finish):
-                    return
-
-    async def result(self) -> Generated:
-        texts: list[str] = []
-        async for event in self.events():
-            if isinstance(event, Delta):
-                texts.append(event.text)
-            elif event.error is not None:
-                raise event.error
-            else:
-                return Generated("".join(texts), event)
-        raise AssertionError("unreachable: events() ends with a Finish")
 
     # -- the upstream's side --------------------------------------------------------------
     def _push(self, event: Delta | Finish) -> None:
