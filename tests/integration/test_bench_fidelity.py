@@ -172,7 +172,8 @@ def test_a_stall_shows_in_open_loop_p99_and_hides_in_closed_loop() -> None:
     rate, measured_s, stall_s = 100.0, 4.0, 1.0
     with sokuji_server(STALL.format(after=150)) as url:  # ~1.5 s into the run
         times = intended_times(rate, Arrivals.CONSTANT, seed=0, duration_s=0.5 + measured_s)
-        opened = stats.summarize(asyncio.run(engine(url).open(times, warmup_s=0.5)))
+        opened_run = asyncio.run(engine(url).open(times, warmup_s=0.5))
+        opened = stats.summarize(opened_run)
     with sokuji_server(STALL.format(after=400)) as url:
         closed_run = asyncio.run(engine(url).closed(1, duration_s=measured_s, warmup_count=20))
         closed = stats.summarize(closed_run)
@@ -181,9 +182,17 @@ def test_a_stall_shows_in_open_loop_p99_and_hides_in_closed_loop() -> None:
     # all requests, i.e. stall_s * (1 - 0.01 * measured_s / stall_s) -- on top of what every
     # request costs here, now: the run's own median (service time, network, both processes'
     # scheduling), measured, not assumed.
+    # The replies held by the stall then come out in one burst that both processes work
+    # through one by one (200+ ms once on a busy 2-core CI machine): the last of them waits
+    # that much more. Measured in this run: from the first stalled reply to the last.
     overhead_ms = opened["latency_ms"]["p50"]
     predicted_ms = 1e3 * stall_s * (1 - 0.01 * measured_s / stall_s) + overhead_ms
-    assert opened["latency_ms"]["p99"] == pytest.approx(predicted_ms, rel=0.1), overhead_ms
+    held = [r.done_s for r in opened_run.records
+            if not r.warmup and r.error is None and r.latency_s > 0.5 * stall_s]
+    burst_ms = 1e3 * (max(held) - min(held))
+    p99 = opened["latency_ms"]["p99"]
+    assert 0.9 * predicted_ms <= p99 <= 1.1 * predicted_ms + burst_ms, (
+        p99, predicted_ms, burst_ms)
     # The tail says why: the stalled batch itself (infer), and the requests queued behind it.
     tail = opened["stages"]["tail_share"]
     assert max(tail, key=tail.__getitem__) == "queue"
