@@ -40,6 +40,21 @@ from typing import Annotated, Any, Literal, get_args, get_origin, get_type_hints
 import msgspec
 from msgspec import Meta, Struct, field
 
+from sokuji.config_ops import SloConfig, TracingConfig
+from sokuji.config_types import (
+    RUNTIMES,
+    AtLeast1,
+    BatchPolicy,
+    Hosts,
+    MoreThanZero,
+    Priority,
+    Runtime,
+    Secret,
+    ZeroOrMore,
+    ZeroOrMoreS,
+    _Table,
+    _why,
+)
 from sokuji.errors import ConfigError
 
 ENV_PREFIX = "SOKUJI_"
@@ -49,31 +64,8 @@ DEFAULT_OCR_NAME = "ocr"
 DEFAULT_VAD_NAME = "vad"
 
 
-class BatchPolicy(enum.StrEnum):
-    LENGTH = "length"
-    FIFO = "fifo"
-
-
-def _why(reason: str, **constraints: Any) -> Meta:
-    """A constraint whose failure (or a wrong type) is reported with ``reason``."""
-    return Meta(**constraints, extra={"reason": reason})
-
-
-AtLeast1 = Annotated[int, Meta(ge=1)]
-ZeroOrMore = Annotated[int, Meta(ge=0)]
-ZeroOrMoreS = Annotated[float, Meta(ge=0)]  # milliseconds or seconds
-MoreThanZero = Annotated[float, Meta(gt=0)]
-Secret = Annotated[str, _why("must be a string, empty or of at least 16 characters",
-                             pattern=r"\A(?s:.{16,})?\Z")]
-Hosts = Annotated[tuple[str, ...], _why("must be a list of hosts or CIDR networks")]
-Priority = Literal["interactive", "batch"]
-RUNTIMES = ("onnx", "synthetic", "llama", "ocr", "vad", "classifier", "upstream", "router")
-Runtime = Annotated[str, _why(f"must be one of: {', '.join(RUNTIMES)}",
-                              pattern=rf"\A({'|'.join(RUNTIMES)})\Z")]
-
-
-class _Table(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """A TOML table: unknown keys are errors; built in code without checks (see ``validate``)."""
+__all__ = ["RUNTIMES", "BatchPolicy", "ModelConfig", "ServerConfig", "SloConfig",
+           "TracingConfig", "load"]
 
 
 class ModelConfig(_Table, frozen=True):
@@ -122,6 +114,9 @@ class ModelConfig(_Table, frozen=True):
     semantic_cache: Mapping[str, Any] = field(default_factory=dict)
     """Answers to requests asked before in other words (``routing/config.py``
     ``SemanticCacheConfig``); off unless ``enabled = true``."""
+    slo: SloConfig | None = None
+    """This model's service-level objective (``config_ops.py``): reported, and with
+    ``admission`` (the default) requests are admitted by time against it."""
 
 
 STEP_KINDS = ("model", "retrieve", "features", "python")
@@ -290,6 +285,9 @@ class ServerConfig(_Table, frozen=True):
     """Serve the built-in ``rag`` pipeline when the built-in ``minilm`` and ``smollm2`` are
     served and the ``pipelines`` extra is installed."""
     api_keys: tuple[ApiKey, ...] = ()
+    slos: tuple[SloConfig, ...] = ()
+    """Tenants' SLOs (``tenant`` set, ``model`` optional); a model's own is its ``slo``."""
+    tracing: TracingConfig = TracingConfig()
     cache: CacheConfig = CacheConfig()
     jobs: JobsConfig = JobsConfig()
     metrics_require_key: bool = False
@@ -306,7 +304,7 @@ class ServerConfig(_Table, frozen=True):
         return next((m for m in self.models if m.name == name), None)
 
 
-_TABLES = ("models", "pipelines", "api_keys", "cache", "jobs")
+_TABLES = ("models", "pipelines", "api_keys", "cache", "jobs", "slos", "tracing")
 _SCALARS = tuple(k for k in ServerConfig.__struct_fields__ if k not in _TABLES)
 """The top-level keys that ``SOKUJI_<KEY>`` environment variables and CLI flags may set."""
 _BOOLS = {k for k in _SCALARS if isinstance(getattr(ServerConfig(), k), bool)}
@@ -504,12 +502,34 @@ def _check(config: ServerConfig) -> ServerConfig:
                 raise ConfigError.for_key(f"api_keys[{i}].models", name, "no such model")
         _check_hosts(f"api_keys[{i}].callback_allow", k.callback_allow)
     _check_hosts("jobs.callback_allow", config.jobs.callback_allow)
+    _check_slos(config, seen)
     if config.jobs.max_stored_bytes_per_tenant < config.max_request_bytes:
         raise ConfigError.for_key("jobs.max_stored_bytes_per_tenant",
                                   config.jobs.max_stored_bytes_per_tenant,
                                   f"must be at least max_request_bytes "
                                   f"({config.max_request_bytes})")
     return config
+
+
+def _check_slos(config: ServerConfig, names: set[str]) -> None:
+    """A tenant SLO names a tenant (one of the keys', when keys are configured) and, if
+    narrowed, a served model; a model's own ``slo`` names neither."""
+    tenants = {k.tenant for k in config.api_keys}
+    for i, m in enumerate(config.models):
+        if m.slo is not None and (m.slo.tenant or m.slo.model):
+            raise ConfigError.for_key(f"models[{i}].slo", m.slo.tenant or m.slo.model,
+                                      "a model's own slo names no tenant or model; "
+                                      "use [[slos]] for a tenant's")
+    for i, slo in enumerate(config.slos):
+        if not slo.tenant:
+            raise ConfigError.for_key(f"slos[{i}].tenant", "",
+                                      "is required (a model's SLO goes in its [[models]] "
+                                      "entry as slo = {...})")
+        if tenants and slo.tenant not in tenants:
+            raise ConfigError.for_key(f"slos[{i}].tenant", slo.tenant,
+                                      "no API key has this tenant")
+        if slo.model and slo.model not in names:
+            raise ConfigError.for_key(f"slos[{i}].model", slo.model, "no such model")
 
 
 def _check_hosts(key: str, entries: tuple[str, ...]) -> None:

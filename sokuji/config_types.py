@@ -1,0 +1,37 @@
+"""The config schema's building blocks: constrained scalar types, the TOML table base, and the
+reason each constraint gives when it fails (``config.py`` turns it into a ``ConfigError``)."""
+
+from __future__ import annotations
+
+import enum
+from typing import Annotated, Any, Literal
+
+from msgspec import Meta, Struct
+
+RUNTIMES = ("onnx", "synthetic", "llama", "ocr", "vad", "classifier", "upstream", "router")
+
+
+class BatchPolicy(enum.StrEnum):
+    LENGTH = "length"
+    FIFO = "fifo"
+
+
+def _why(reason: str, **constraints: Any) -> Meta:
+    """A constraint whose failure (or a wrong type) is reported with ``reason``."""
+    return Meta(**constraints, extra={"reason": reason})
+
+
+AtLeast1 = Annotated[int, Meta(ge=1)]
+ZeroOrMore = Annotated[int, Meta(ge=0)]
+ZeroOrMoreS = Annotated[float, Meta(ge=0)]  # milliseconds or seconds
+MoreThanZero = Annotated[float, Meta(gt=0)]
+Secret = Annotated[str, _why("must be a string, empty or of at least 16 characters",
+                             pattern=r"\A(?s:.{16,})?\Z")]
+Hosts = Annotated[tuple[str, ...], _why("must be a list of hosts or CIDR networks")]
+Priority = Literal["interactive", "batch"]
+Runtime = Annotated[str, _why(f"must be one of: {', '.join(RUNTIMES)}",
+                              pattern=rf"\A({'|'.join(RUNTIMES)})\Z")]
+
+
+class _Table(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A TOML table: unknown keys are errors; built in code without checks (see ``validate``)."""
