@@ -28,50 +28,20 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, fields
 from typing import Any
 
-from sokuji.config import BatchPolicy, ModelConfig
 from sokuji.core import forming, policy
+from sokuji.core.batcher_config import BatcherConfig
 from sokuji.core.forming import BatchInfo
 from sokuji.core.inline import LoopGate
 from sokuji.core.request import InferenceRequest, Prepared, Stage
+from sokuji.core.slo_admission import TimeAdmission
 from sokuji.core.workers import Workers
 from sokuji.errors import DeadlineExceeded, ModelNotReady, RuntimeFailed, SokujiError
 
 log = logging.getLogger(__name__)
 
 RunBatch = Callable[[Sequence[Prepared]], list[Any]]
-
-
-_MODEL = ModelConfig(name="-")  # the defaults, declared once in sokuji.config's schema
-
-
-@dataclass(frozen=True)
-class BatcherConfig:
-    """The batcher's share of a ``ModelConfig`` (``from_model``); defaults are the schema's."""
-
-    max_batch_size: int = _MODEL.max_batch_size
-    max_batch_tokens: int = _MODEL.max_batch_tokens
-    max_queue_delay_ms: float = _MODEL.max_queue_delay_ms
-    policy: BatchPolicy = _MODEL.batching
-    instances: int = _MODEL.instances
-    max_queue_depth: int = _MODEL.max_queue_depth
-    max_concurrency: int = _MODEL.max_concurrency
-    """Requests admitted (queued or running) at once; 0: bounded by the queue depth only."""
-    priority_aging_ms: float = _MODEL.priority_aging_ms
-    inline_max_ms: float = _MODEL.inline_max_ms
-    """A lone request measured to run within this long runs on the event loop (0: never)."""
-    worker_nice: int = 0
-    """Niceness added to the worker threads (Linux). 0: a niced worker lost half its core to
-    any busy neighbour process (throughput 0.51 of the raw runtime's, c=1 latency +8 ms)."""
-
-    @classmethod
-    def from_model(cls, mc: ModelConfig) -> BatcherConfig:
-        """Every field but ``policy`` (``batching`` there) and ``worker_nice`` is named as in
-        ``ModelConfig``."""
-        same = {f.name for f in fields(cls)} - {"policy", "worker_nice"}
-        return cls(policy=mc.batching, **{name: getattr(mc, name) for name in same})
 
 
 class _Entry:
@@ -155,6 +125,8 @@ class DynamicBatcher:
                                            config.max_concurrency)
         self._drain = policy.DrainRate(config.instances)  # items/s
         self._aging_ns = policy.aging_ns(config.priority_aging_ms)
+        self.by_time = TimeAdmission(name, config.slo, config.instances) if config.slo \
+            else None
 
     @property
     def num_waiting(self) -> int:
@@ -197,6 +169,8 @@ class DynamicBatcher:
                         if e.request.priority <= request.priority) if rate > 0 else 0
             policy.check_deadline(request.deadline_ns, now_ns, ahead, rate,
                                   saturated=self._busy >= self.config.instances)
+        if self.by_time is not None:
+            self.by_time.admit(request, (e.request for e in self._queue), now_ns)
 
     def start(self) -> None:
         """Start the worker threads; call from the event loop that will submit requests."""
@@ -348,6 +322,8 @@ class DynamicBatcher:
             tl = entry.request.timeline
             tl.mark(Stage.QUEUE, max(entry.request.enqueued_ns, self._slot_free_since_ns))
             tl.mark(Stage.BATCH, dispatch_ns)
+        if self.by_time is not None:
+            self.by_time.dispatched(id(chosen), [e.request for e in chosen], dispatch_ns)
         if self._on_batch is not None and self._loop is not None:
             # Published a turn later: metrics never delay a batch (nor, on the loop, a reply).
             self._loop.call_soon(self._on_batch, BatchInfo(
@@ -374,6 +350,9 @@ class DynamicBatcher:
         if error is None and outputs is not None and len(outputs) != len(batch):
             error = RuntimeFailed(f"model '{self.name}' returned {len(outputs)} outputs "
                                   f"for a batch of {len(batch)} requests")
+        if self.by_time is not None:
+            self.by_time.completed(id(batch), [e.request for e in batch], done_ns,
+                                   error is None)
         if error is not None:
             if not isinstance(error, SokujiError):
                 log.error("model %s: run_batch raised %r", self.name, error, exc_info=error)

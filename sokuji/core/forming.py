@@ -1,8 +1,10 @@
 """Which queued requests form the next batch. Pure: requests in, a choice out; no clock.
 
 - The batch always holds the request that goes first: the best ``policy.rank`` (priority
-  class, after aging), the oldest among equals. No request waits behind more than the queue
-  that was ahead of it: nothing starves.
+  class, after aging), then the one due first: by its SLO's due time, or, without an SLO,
+  ``priority_aging_ms`` after it was queued (so without SLOs: the oldest). A request whose
+  SLO leaves it slack yields to one whose SLO does not; nothing starves, since a request
+  without an SLO becomes due too.
 - It is filled, within ``max_batch_size`` items and ``max_batch_tokens`` padded positions
   (items x the longest length), with the others in rank order and then, for policy
   ``length``, nearest to the first one's length (low padding), or, for ``fifo``, in arrival
@@ -46,7 +48,10 @@ def choose(queue: Sequence[InferenceRequest], batch_policy: BatchPolicy, max_bat
         return Choice([0], only.num_items, only.length)
     prank = policy.rank
     ranks = [prank(r.priority, now_ns - r.enqueued_ns, aging_ns) for r in queue]
-    head = min(range(len(queue)), key=lambda i: (ranks[i], queue[i].enqueued_ns))
+    # Among equals the one due first: its SLO's due time (``core/slo_admission.py``), or for
+    # a request without one, the aging time after it was queued.
+    dues = [r.due_ns if r.due_ns is not None else r.enqueued_ns + aging_ns for r in queue]
+    head = min(range(len(queue)), key=lambda i: (ranks[i], dues[i]))
     rest = [i for i in range(len(queue)) if i != head]
     if batch_policy is BatchPolicy.LENGTH:
         anchor = queue[head].length

@@ -118,3 +118,8 @@ class InferenceRequest:
     deadline_ns: int | None = None
     """Absolute ``perf_counter_ns`` by which the request must have started, or None."""
     enqueued_ns: int = 0
+    tenant: str = ""
+    due_ns: int | None = None
+    """With an SLO: by when it should be answered (``core/slo_admission.py``)."""
+    predicted_s: float = 0.0
+    """At admission by time: the predicted seconds to its answer (0: not predicted)."""

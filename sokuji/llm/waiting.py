@@ -16,7 +16,8 @@ from __future__ import annotations
 import threading
 
 from sokuji.core import policy
-from sokuji.errors import DeadlineExceeded, ModelNotReady
+from sokuji.core.slo_admission import SloBudgets
+from sokuji.errors import DeadlineExceeded, ModelNotReady, Overloaded
 from sokuji.llm.request import Finish, GenerationRequest, now_ns
 
 
@@ -36,6 +37,9 @@ class WaitingRoom:
         self.drain = policy.DrainRate(slots)
         """Generations completed per second of a slot's time, times the slots."""
         self._aging_ns = policy.aging_ns(priority_aging_ms)
+        self.slo = SloBudgets()
+        self.refused = 0
+        """Time-to-first-token targets for admission by time (set by the repository)."""
 
     def __len__(self) -> int:
         return len(self.waiting) + len(self.intake)
@@ -55,6 +59,8 @@ class WaitingRoom:
                         if r.priority <= req.priority) if rate > 0 else 0
             policy.check_deadline(req.deadline_ns, now, ahead, rate,
                                   saturated=running >= self.slots)
+        if self.slo and running >= self.slots:
+            self._check_slo(req, now)
         req.timing.submitted_ns = now
         with self.cond:
             if self.closed:  # the thread failed everyone and is ending: nobody would read it
@@ -62,6 +68,24 @@ class WaitingRoom:
                                     "running")
             self.intake.append(req)
             self.cond.notify()
+
+    def _check_slo(self, req: GenerationRequest, now: int) -> None:
+        """Admission by time: with every slot busy, refuse (429) a generation that would
+        wait for a slot longer than its time-to-first-token target leaves (slots free up at
+        the measured rate; prefill is not predicted, so this errs toward admitting)."""
+        budget_ms, rate = self.slo.budget_ms(req.tenant), self.drain.per_s
+        if budget_ms is None or rate <= 0:
+            return
+        ahead = 1 + sum(1 for r in (*self.waiting, *self.intake)
+                        if r.priority <= req.priority)
+        wait_ms = ahead / rate * 1e3
+        left_ms = (req.timing.arrival_ns - now) / 1e6 + budget_ms
+        if wait_ms > left_ms:
+            self.refused += 1
+            raise Overloaded(
+                f"model '{self.name}' would start this generation in ~{wait_ms:.0f} ms and "
+                f"its SLO leaves {max(0.0, left_ms):.0f} ms; retry later",
+                retry_after_s=policy.retry_after_s(ahead, rate))
 
     # -- engine thread --------------------------------------------------------------------
     def take_intake(self) -> None:

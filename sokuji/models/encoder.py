@@ -68,7 +68,7 @@ class EncoderModel:
         return self.batcher.enqueue(InferenceRequest(
             model=self.batcher.name, payload=prepared, num_items=prepared.num_items,
             length=prepared.length, timeline=tl, request_id=ctx.request_id,
-            priority=ctx.priority, deadline_ns=ctx.deadline_ns))
+            priority=ctx.priority, deadline_ns=ctx.deadline_ns, tenant=ctx.tenant))
 
     def start(self) -> None:
         self.batcher.start()

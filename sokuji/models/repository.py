@@ -14,14 +14,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
-from sokuji.config import DEFAULT_MODEL_NAME, ModelConfig, ServerConfig
+from sokuji.config import DEFAULT_MODEL_NAME, ModelConfig, ServerConfig, SloConfig
 from sokuji.core.batcher import BatcherConfig, BatchInfo, DynamicBatcher
 from sokuji.core.model import ModelKind, ModelMetadata, ServedModel
+from sokuji.core.slo_admission import budgets_for
 from sokuji.errors import InvalidInput, ModelNotFound, ModelNotReady
 from sokuji.models import variants
 from sokuji.models.encoder import EncoderModel
@@ -65,6 +66,7 @@ def _build_llama(model: ModelConfig, server: ServerConfig) -> GeneratorModel:
                            model.max_queue_depth, model.priority_aging_ms,
                            model.max_concurrency)
     runtime.load()
+    runtime.engine.queue.slo = budgets_for(model.name, model.slo, server.slos)
     if model.warmup:
         runtime.warmup()
     return GeneratorModel(model, runtime)
@@ -236,7 +238,7 @@ class ModelRepository:
             runtime.load()
             if mc.warmup:
                 runtime.warmup()
-            repo.models[mc.name] = _batched(mc, runtime, on_batch, mc.name)
+            repo.models[mc.name] = _batched(mc, runtime, on_batch, mc.name, config.slos)
             log.info("model %s loaded (runtime %s)", mc.name, mc.runtime)
         routers = [(i, mc) for i, mc in enumerate(config.models) if mc.runtime == "router"]
         if routers:
@@ -329,10 +331,10 @@ def _busy(models: list[ServedModel]) -> Callable[[], bool]:
 
 def _batched(mc: ModelConfig, runtime: Runtime,
              on_batch: Callable[[str], Callable[[BatchInfo], None]] | None,
-             metric_name: str) -> Model:
+             metric_name: str, tenant_slos: Iterable[SloConfig] = ()) -> Model:
     batcher = DynamicBatcher(
         metric_name, runtime.run_batch,
-        BatcherConfig.from_model(mc),
+        BatcherConfig.from_model(mc, tenant_slos),
         on_batch=on_batch(metric_name) if on_batch else None)
     return Model(mc, EncoderModel(mc, runtime, batcher))
 
@@ -348,7 +350,7 @@ def _load_onnx(mc: ModelConfig, server: ServerConfig,
         if mc.warmup:
             runtime.warmup()
         metric_name = mc.name if name == served else f"{mc.name}@{name}"
-        model = _batched(mc, runtime, on_batch, metric_name)
+        model = _batched(mc, runtime, on_batch, metric_name, server.slos)
         model.variant, model.primary = name, name == served
         loaded[name] = model
         log.info("model %s loaded (onnx, variant %s%s)", mc.name, name,

@@ -1,0 +1,167 @@
+"""Admission by time: a request joins an encoder's queue only if it is predicted to be
+answered within its SLO, and a batch is never larger than its most urgent member can afford.
+
+The count bound (``max_queue_depth``) says nothing about time: 64 queued long texts wait far
+longer than 64 short ones. With an SLO (``config_ops.SloConfig``, ``admission = true``) each
+request gets a **due time**: its arrival plus the tightest p99 target that covers it (the
+model's own, its tenant's), or its deadline's, if sooner. Then:
+
+- **Prediction.** Work is counted in padded positions (items x the request's own length). The
+  time to answer a request arriving now is what is left of the running batches, plus the work
+  queued ahead of it and its own, at the measured rate (positions per second per instance,
+  an EWMA over batches, padding and per-batch costs included), plus the time it has already
+  spent (reading, tokenising).
+- **Calibration.** Each admitted request's prediction is compared with what happened
+  (``actual / predicted`` from admission to the batch's end). The 99th percentile of that
+  ratio over the last 512 requests scales every prediction, so that the requests admitted
+  meet the due time 99% of the time, whatever the predictor's own bias on this machine (a
+  busy neighbour, length mix, batching efficiency). It is a conformal bound, not a model.
+- **Refusal.** A request whose scaled prediction overshoots its due time gets ``Overloaded``
+  (429, Retry-After) at once, before it costs a slot: the same answer as a full queue.
+  Before any batch has been measured nothing is refused by time.
+- **Slack in batching.** The batch forms around the request due first (``core/forming.py``):
+  a request with slack (a looser SLO, a tenant's or none) yields to one without. Cutting a
+  batch short so that a late head could still make it was tried and measured worse: at 3x
+  overload on a model with a per-batch cost, goodput fell 10% and the admitted p99 rose 30%
+  (smaller batches drain the queue slower than admission predicted).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from sokuji.config_ops import SloConfig
+from sokuji.core import policy
+from sokuji.core.request import InferenceRequest
+from sokuji.errors import Overloaded
+
+_RATIOS = 512
+_REFRESH = 32
+
+
+@dataclass(frozen=True)
+class SloBudgets:
+    """The p99 targets (ms) admission uses for one model: its own, and its tenants'."""
+
+    model_ms: float | None = None
+    tenants_ms: Mapping[str, float] = field(default_factory=dict)
+
+    def budget_ms(self, tenant: str) -> float | None:
+        own, theirs = self.model_ms, self.tenants_ms.get(tenant)
+        if own is None:
+            return theirs
+        return own if theirs is None else min(own, theirs)
+
+    def __bool__(self) -> bool:
+        return self.model_ms is not None or bool(self.tenants_ms)
+
+
+def budgets_for(model: str, own: SloConfig | None, tenant_slos: Iterable[SloConfig]
+                ) -> SloBudgets:
+    """The admission targets of ``model``: its own SLO's and, per tenant, the tightest of
+    the tenant SLOs that cover it (those with ``admission`` only)."""
+    tenants: dict[str, float] = {}
+    for s in tenant_slos:
+        if s.admission and s.model in ("", model):
+            tenants[s.tenant] = min(s.p99_ms, tenants.get(s.tenant, s.p99_ms))
+    return SloBudgets(own.p99_ms if own is not None and own.admission else None, tenants)
+
+
+class TimeAdmission:
+    """One encoder queue's admission by time (see the module docstring). Event loop only."""
+
+    def __init__(self, name: str, budgets: SloBudgets, instances: int) -> None:
+        self.name = name
+        self.budgets = budgets
+        self.instances = instances
+        self.rate = policy.DrainRate(instances)  # positions / s
+        self.running: dict[int, tuple[int, float]] = {}
+        """Batches in flight: key -> (dispatch ns, positions)."""
+        self._ratios: deque[float] = deque(maxlen=_RATIOS)
+        self._since_refresh = 0
+        self.scale = 1.0
+        """The 99th percentile of actual / predicted (1 until measured)."""
+        self.refused = 0
+
+    def due_ns(self, tenant: str, arrival_ns: int, deadline_ns: int | None) -> int | None:
+        budget = self.budgets.budget_ms(tenant)
+        due = arrival_ns + int(budget * 1e6) if budget is not None else None
+        if deadline_ns is not None and due is not None:
+            return min(due, deadline_ns)
+        return due
+
+    def predict_s(self, now_ns: int, work_ahead: float, own: float) -> float | None:
+        """Seconds from now until a request with ``own`` positions, queued behind
+        ``work_ahead``, is answered (unscaled); None before the rate is measured."""
+        per = self.rate.per_server_s
+        if per <= 0:
+            return None
+        left = 0.0
+        for dispatched_ns, work in self.running.values():
+            left += max(0.0, work / per - (now_ns - dispatched_ns) / 1e9)
+        return left / self.instances + (work_ahead + own) / (per * self.instances)
+
+    def check(self, due_ns: int, now_ns: int, work_ahead: float, own: float) -> float | None:
+        """Raise ``Overloaded`` if the request cannot be answered by ``due_ns``; else the
+        unscaled prediction in seconds (None: nothing measured yet)."""
+        predicted = self.predict_s(now_ns, work_ahead, own)
+        if predicted is None:
+            return None
+        left_s = (due_ns - now_ns) / 1e9
+        if predicted * self.scale > left_s:
+            self.refused += 1
+            raise Overloaded(
+                f"model '{self.name}' would answer in ~{predicted * self.scale * 1e3:.0f} ms "
+                f"(queued work at the measured rate) and its SLO leaves {max(0, left_s) * 1e3:.0f}"
+                " ms; retry later",
+                retry_after_s=policy.retry_after_s(work_ahead, self.rate.per_s))
+        return predicted
+
+    # --- the batcher's calls -------------------------------------------------------------
+
+    def admit(self, request: InferenceRequest, queue: Iterable[InferenceRequest],
+              now_ns: int) -> None:
+        """Set ``request``'s due time and refuse it (``Overloaded``) if it cannot make it;
+        ``queue``: the requests waiting now."""
+        due = self.due_ns(request.tenant, request.timeline.start_ns, request.deadline_ns)
+        request.due_ns = due
+        if due is None:
+            return
+        ahead = sum(r.num_items * r.length for r in queue if r.priority <= request.priority)
+        predicted = self.check(due, now_ns, ahead, request.num_items * request.length)
+        request.predicted_s = predicted or 0.0
+
+    def dispatched(self, key: int, batch: Sequence[InferenceRequest], at_ns: int) -> None:
+        self.running[key] = (at_ns, float(sum(r.num_items * r.length for r in batch)))
+
+    def completed(self, key: int, batch: Sequence[InferenceRequest], done_ns: int,
+                  ok: bool) -> None:
+        """A batch ended: the rate, and each request's prediction against what happened."""
+        dispatched_ns, work = self.running.pop(key, (done_ns, 0.0))
+        if not ok:
+            return
+        self.rate.observe(work, (done_ns - dispatched_ns) / 1e9)
+        for r in batch:
+            if r.predicted_s > 0 and r.due_ns is not None:
+                self.observe(r.enqueued_ns, done_ns, r.predicted_s,
+                             (r.due_ns - r.enqueued_ns) / 1e9)
+
+    def observe(self, admitted_ns: int, done_ns: int, predicted_s: float,
+                budget_s: float) -> None:
+        """One admitted request answered: how far off its prediction was. Only predictions
+        of at least a tenth of the budget count: the regime where refusals are decided (a
+        near-empty queue's tiny predictions are dominated by fixed costs and would inflate
+        the scale)."""
+        if predicted_s <= 0 or predicted_s < 0.1 * budget_s:
+            return
+        self._ratios.append((done_ns - admitted_ns) / 1e9 / predicted_s)
+        self._since_refresh += 1
+        if self._since_refresh >= _REFRESH or len(self._ratios) < _REFRESH:
+            self._since_refresh = 0
+            q = float(np.percentile(np.fromiter(self._ratios, float), 99))
+            self.scale = min(8.0, max(0.5, q)) if math.isfinite(q) else 1.0
