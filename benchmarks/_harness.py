@@ -21,13 +21,15 @@ from sokuji.bench.engine import parse_server_timing as parse_timing
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def sokuji_bench(url: str, args: list[str], core: int) -> dict[str, Any]:
-    """``sokuji bench URL ARGS`` on ``core``; returns the result's ``summary``."""
+def sokuji_bench(url: str, args: list[str], core: int, whole: bool = False) -> dict[str, Any]:
+    """``sokuji bench URL ARGS`` on ``core``; returns the result's ``summary`` (``whole``: the
+    whole result, samples included)."""
     out = Path(tempfile.mkstemp(suffix=".json")[1])
     try:
         subprocess.run(["taskset", "-c", str(core), sys.executable, "-m", "sokuji", "bench",
                         url, "--quiet", "--out", str(out), *args], check=False, cwd=ROOT)
-        return dict(json.loads(out.read_text())["summary"])
+        doc = json.loads(out.read_text())
+        return dict(doc if whole else doc["summary"])
     finally:
         out.unlink()
 

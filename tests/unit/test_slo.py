@@ -211,3 +211,31 @@ def test_the_batch_forms_around_the_request_due_first() -> None:
     plain.enqueued_ns = now - 200_000_000  # now due at +800 ms: it has waited long enough
     choice = forming.choose([relaxed, plain], BatchPolicy.FIFO, 4, 8192, 1_000_000_000, now)
     assert choice.indices == [1]
+
+
+def test_a_generation_is_refused_when_its_wait_for_a_slot_exceeds_its_ttft_target() -> None:
+    import asyncio
+
+    from sokuji.llm.request import GenerationRequest, SamplingParams
+    from sokuji.llm.waiting import WaitingRoom
+
+    loop = asyncio.new_event_loop()
+    try:
+        room = WaitingRoom("g", slots=2, max_queue_depth=100, max_concurrency=0,
+                           priority_aging_ms=1000)
+        room.slo = SloBudgets(model_ms=500.0)
+
+        def gen() -> GenerationRequest:
+            return GenerationRequest("g", [1, 2], SamplingParams(max_tokens=4), loop,
+                                     arrival_ns=time.perf_counter_ns())
+        for _ in range(20):  # nothing measured yet: admitted by count only
+            room.put(gen(), running=2)
+        room.drain.observe(1, 0.25)  # a slot frees every 0.25 s: 8 a second with both
+        with pytest.raises(Overloaded) as err:  # 21 ahead: ~2.6 s for a slot, 500 ms left
+            room.put(gen(), running=2)
+        assert "SLO leaves" in str(err.value) and room.refused == 1
+        room.intake.clear()
+        room.put(gen(), running=2)  # 1 ahead: ~125 ms
+        room.put(gen(), running=1)  # a free slot: not predicted, admitted
+    finally:
+        loop.close()
