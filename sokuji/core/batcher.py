@@ -160,6 +160,8 @@ class DynamicBatcher:
         adm, waiting = self._admission, len(self._queue)
         if adm.refuses(waiting, self._admitted):  # else nothing more to compute
             adm.check(waiting, self._admitted, self.queued_items, self._drain.per_s)
+        if self.by_time is not None and self._queue:
+            self.by_time.check_early((e.request for e in self._queue), time.perf_counter_ns())
 
     def _admit(self, request: InferenceRequest, now_ns: int) -> None:
         self.check_capacity()

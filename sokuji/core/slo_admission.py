@@ -57,6 +57,12 @@ class SloBudgets:
             return theirs
         return own if theirs is None else min(own, theirs)
 
+    @property
+    def loosest_ms(self) -> float | None:
+        """The largest target any request of this model can have (None: none has one)."""
+        return max([*self.tenants_ms.values(),
+                    *([self.model_ms] if self.model_ms is not None else [])], default=None)
+
     def __bool__(self) -> bool:
         return self.model_ms is not None or bool(self.tenants_ms)
 
@@ -121,6 +127,16 @@ class TimeAdmission:
                 " ms; retry later",
                 retry_after_s=policy.retry_after_s(work_ahead, self.rate.per_s))
         return predicted
+
+    def check_early(self, queue: Iterable[InferenceRequest], now_ns: int) -> None:
+        """Before a request is even read: refuse it if the work queued now already outlasts
+        the loosest target any request of this model can have (the cheap refusal; the
+        exact check, with its own size and tenant, follows on submission)."""
+        loosest = self.budgets.loosest_ms
+        if loosest is None or self.rate.per_server_s <= 0:
+            return
+        self.check(now_ns + int(loosest * 1e6), now_ns,
+                   sum(r.num_items * r.length for r in queue), 0.0)
 
     # --- the batcher's calls -------------------------------------------------------------
 

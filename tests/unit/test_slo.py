@@ -239,3 +239,16 @@ def test_a_generation_is_refused_when_its_wait_for_a_slot_exceeds_its_ttft_targe
         room.put(gen(), running=1)  # a free slot: not predicted, admitted
     finally:
         loop.close()
+
+
+def test_the_early_check_refuses_before_the_body_only_what_no_tenant_could_make() -> None:
+    adm = TimeAdmission("m", SloBudgets(model_ms=None, tenants_ms={"a": 50.0, "b": 200.0}), 1)
+    now = time.perf_counter_ns()
+    queue = [_request(1, 100) for _ in range(10)]  # 1,000 positions
+    adm.check_early(queue, now)  # nothing measured
+    adm.rate.observe(10_000, 1.0)
+    adm.check_early(queue, now)  # 100 ms: tenant b could still make it
+    with pytest.raises(Overloaded):
+        adm.check_early(queue * 3, now)  # 300 ms: nobody can
+    assert SloBudgets().loosest_ms is None
+    assert SloBudgets(model_ms=100.0, tenants_ms={"a": 20.0}).loosest_ms == 100.0
