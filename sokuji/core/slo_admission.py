@@ -8,9 +8,10 @@ model's own, its tenant's), or its deadline's, if sooner. Then:
 
 - **Prediction.** Work is counted in padded positions (items x the request's own length). The
   time to answer a request arriving now is what is left of the running batches, plus the work
-  queued ahead of it and its own, at the measured rate (positions per second per instance,
-  an EWMA over batches, padding and per-batch costs included), plus the time it has already
-  spent (reading, tokenising).
+  queued ahead of it and its own in whole batches of the usual size (an EWMA of batches'
+  positions; its own batch may be partial and still takes a batch's time), at the measured
+  rate (positions per second per instance, an EWMA over batches, padding and per-batch
+  costs included); the time already spent (reading, tokenising) counts against its SLO.
 - **Calibration.** Each admitted request's prediction is compared with what happened
   (``actual / predicted`` from admission to the batch's end). The 99th percentile of that
   ratio over the last 512 requests scales every prediction, so that the requests admitted
@@ -42,6 +43,7 @@ from sokuji.errors import Overloaded
 
 _RATIOS = 512
 _REFRESH = 32
+_MAX_SCALE = 4.0
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,8 @@ class TimeAdmission:
         self.scale = 1.0
         """The 99th percentile of actual / predicted (1 until measured)."""
         self.refused = 0
+        self.batch_work = 0.0
+        """EWMA of a batch's positions: how much work one batch takes off the queue."""
 
     def due_ns(self, tenant: str, arrival_ns: int, deadline_ns: int | None) -> int | None:
         budget = self.budgets.budget_ms(tenant)
@@ -110,7 +114,11 @@ class TimeAdmission:
         left = 0.0
         for dispatched_ns, work in self.running.values():
             left += max(0.0, work / per - (now_ns - dispatched_ns) / 1e9)
-        return left / self.instances + (work_ahead + own) / (per * self.instances)
+        # Batches run whole: the work ahead and its own take whole batches of the usual size
+        # (its own batch may be partial, and still takes the batch's time).
+        size = max(self.batch_work, own, 1.0)
+        batches = math.ceil((work_ahead + own) / size)
+        return left / self.instances + math.ceil(batches / self.instances) * size / per
 
     def check(self, due_ns: int, now_ns: int, work_ahead: float, own: float) -> float | None:
         """Raise ``Overloaded`` if the request cannot be answered by ``due_ns``; else the
@@ -162,6 +170,7 @@ class TimeAdmission:
         if not ok:
             return
         self.rate.observe(work, (done_ns - dispatched_ns) / 1e9)
+        self.batch_work = work if not self.batch_work else 0.8 * self.batch_work + 0.2 * work
         for r in batch:
             if r.predicted_s > 0 and r.due_ns is not None:
                 self.observe(r.enqueued_ns, done_ns, r.predicted_s,
@@ -179,5 +188,7 @@ class TimeAdmission:
         self._since_refresh += 1
         if self._since_refresh >= _REFRESH or len(self._ratios) < _REFRESH:
             self._since_refresh = 0
+            # Bounded: a stall (a cold start, a busy neighbour's burst) is no prediction
+            # error, and while fewer than ~100 are in, the 99th percentile is the maximum.
             q = float(np.percentile(np.fromiter(self._ratios, float), 99))
-            self.scale = min(8.0, max(0.5, q)) if math.isfinite(q) else 1.0
+            self.scale = min(_MAX_SCALE, max(0.5, q)) if math.isfinite(q) else 1.0
