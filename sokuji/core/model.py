@@ -29,6 +29,7 @@ from sokuji.core.request import Priority
 
 if TYPE_CHECKING:
     from sokuji.core.request import Timeline
+    from sokuji.observability.tracing import Trace
 
 
 class ModelKind(enum.StrEnum):
@@ -80,6 +81,9 @@ class RequestContext:
     headers: Mapping[str, str] | None = None
     """The request's headers (lower-case names), for routers' rules; None where a request
     has none (a pipeline's steps)."""
+    trace: Trace | None = None
+    """Set when the request is traced (``observability/tracing.py``): its ids, its upstream
+    hops. None for almost every request: nothing else is done for tracing."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -26,8 +26,10 @@ from sokuji.core.request import STAGES, Stage, Timeline
 from sokuji.observability.stats import ModelCounters, StatsSnapshot, snapshot
 
 if TYPE_CHECKING:
+    from sokuji.config_ops import SloConfig
     from sokuji.llm.engine import GenerationEngine
     from sokuji.llm.request import Timing
+    from sokuji.observability.slo import SloBook
 
 LATENCY_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                      0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -64,6 +66,9 @@ class TimingHistograms:
         """The ``cache`` stage's nanoseconds, by flag value."""
         self.last_ns = 0
         """perf_counter_ns at which the last recorded request was answered."""
+        self.tap: Callable[[np.ndarray], None] | None = None
+        """Called with the rows about to be folded (a view: copy to keep): the dashboard's
+        per-interval percentiles (``timeseries.py``). None: nobody listens."""
 
     def record(self, timeline: Timeline) -> None:
         durations = timeline.durations_ns
@@ -81,6 +86,8 @@ class TimingHistograms:
         if not self._pending:
             return
         rows = self._buffer[:self._pending]
+        if self.tap is not None:
+            self.tap(rows)
         values_ns = rows[:, :self.columns]
         seconds = values_ns / 1e9
         bins = len(self._bounds) + 1
@@ -161,12 +168,33 @@ class Metrics:
             "served as versions, under model=\"name@variant\").", ["model", "variant"],
             registry=r)
         self.llm = GenerationMetrics(r)
+        from sokuji.observability.genai import GenAIMetrics
         from sokuji.observability.media import MediaMetrics
         from sokuji.observability.pipelines import PipelineMetrics
 
         self.pipelines = PipelineMetrics(r)
         self.media = MediaMetrics(r)
+        self.genai = GenAIMetrics(r)
+        """The GenAI semantic conventions' server metrics (``genai.py``)."""
         self._routing: Any = None
+        self.slo: SloBook | None = None
+        """SLO status by (model, tenant) (``slo.py``); None: no SLO configured."""
+        self.on_generation: Callable[[str, Timing, int, int], None] | None = None
+        """Called with each finished generation (model, timing, tokens, status): the
+        dashboard's per-interval TTFT / ITL (``timeseries.py``). None: nobody listens."""
+
+    def add_slos(self, model_slos: dict[str, SloConfig], tenant_slos: Iterable[SloConfig]
+                 ) -> None:
+        """Track these objectives (once, at start; nothing is registered without any)."""
+        from sokuji.observability import slo
+
+        self.slo = slo.build(model_slos, tenant_slos, self.registry)
+
+    def observe_slo(self, model: str, tenant: str, latency_ms: float | None,
+                    status: int) -> None:
+        """One answer toward the SLOs that cover it (call only when ``slo`` is set)."""
+        assert self.slo is not None
+        self.slo.observe(model, tenant, latency_ms, status)
 
     @property
     def routing(self) -> Any:
@@ -225,6 +253,8 @@ class Metrics:
         if count:
             self.requests.labels(model, str(status)).inc()
         self.llm.observe(model, timing, completion_tokens, status == 200)
+        if self.on_generation is not None:
+            self.on_generation(model, timing, completion_tokens, status)
         counters = self._counters.get(model)
         if counters is None:
             return
@@ -241,6 +271,10 @@ class Metrics:
         counters = self._counters.get(model)
         if counters is not None:
             counters.failure(duration_ns)
+
+    def timings(self, model: str) -> TimingHistograms | None:
+        """``model``'s stage histograms (a metric name), or None if it has none."""
+        return self._timings.get(model)
 
     def model_stats(self, model: str) -> StatsSnapshot:
         """Cumulative statistics of ``model`` (a metric name), pending rows folded first."""

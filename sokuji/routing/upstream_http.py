@@ -11,9 +11,9 @@ from what the upstream answered (or failed to) to Sokuji's typed errors.
   processed, so sending again is safe. Any other failure is the caller's to handle (the
   router tries a fallback).
 - **Headers**: the request's remaining budget (``X-Sokuji-Timeout-Ms``: a Sokuji upstream
-  then refuses work it cannot start in time), its priority, ``traceparent`` (if well
-  formed), a request id, and the upstream's own bearer key (per tenant, else the model's):
-  never the client's.
+  then refuses work it cannot start in time), its priority, ``traceparent`` (traced: our
+  span's, ``tracing.Hop``; else the client's if valid), a request id, and the upstream's
+  own bearer key (per tenant, else the model's): never the client's.
 - **Errors** (each says ``before_response``: no response byte came, so another target may
   safely answer; ``target_fault``: the target, not the client or the deadline, failed;
   ``retry_after_s`` where the upstream said): 400/404/413/415/422 stay the client's fault
@@ -40,6 +40,7 @@ import orjson
 
 from sokuji.core.model import RequestContext
 from sokuji.errors import DeadlineExceeded, Overloaded, SokujiError
+from sokuji.observability.tracing import NO_HOP, Hop, Trace, valid_traceparent
 from sokuji.routing.config import UpstreamOptions
 
 RETRY_AFTER_CAP_S = 3600
@@ -50,7 +51,6 @@ OnAttempt = Callable[[str, int | str, float], None]
 """(upstream model's served name, HTTP status or a word: connect_error, disconnected,
 timeout, too_large, stream_error, cancelled; seconds): once per HTTP attempt."""
 _DELAY = re.compile(r"\A[0-9]{1,12}\Z")
-_TRACEPARENT = re.compile(r"\A[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}\Z")
 _CLIENT_FAULT = {400: "invalid_input", 404: "not_found", 413: "payload_too_large",
                  415: "unsupported_media_type", 422: "invalid_input"}
 
@@ -205,12 +205,13 @@ def status_error(who: str, status: int, body: bytes, headers: Mapping[str, str]
 class Attempt:
     """One HTTP attempt: its start, whether its connection was reused, and its one report."""
 
-    __slots__ = ("done", "reused", "t0")
+    __slots__ = ("done", "hop", "reused", "t0")
 
-    def __init__(self) -> None:
+    def __init__(self, hop: Hop = NO_HOP) -> None:
         self.t0 = time.perf_counter()
         self.reused = False
         self.done = False
+        self.hop = hop  # a traced request's span for the call (``tracing.Hop``)
 
 
 async def _on_reuse(session: Any, ctx: Any, params: Any) -> None:
@@ -236,10 +237,9 @@ class UpstreamClient:
     def start(self) -> None:
         """Create the session (from the loop that will use it)."""
         opts = self.options
-        connector = aiohttp.TCPConnector(limit=opts.max_connections,
-                                         limit_per_host=opts.max_connections,
-                                         keepalive_timeout=opts.keepalive_s,
-                                         enable_cleanup_closed=True, ttl_dns_cache=10)
+        connector = aiohttp.TCPConnector(
+            limit=opts.max_connections, limit_per_host=opts.max_connections,
+            keepalive_timeout=opts.keepalive_s, enable_cleanup_closed=True, ttl_dns_cache=10)
         trace = aiohttp.TraceConfig()
         trace.on_connection_reuseconn.append(_on_reuse)
         # total: none (each attempt has its own asyncio.timeout); sock_read: a stream's gaps
@@ -272,7 +272,7 @@ class UpstreamClient:
                "x-sokuji-timeout-ms": f"{max(budget_s * 1e3, 0.001):.3f}",
                "x-sokuji-priority": ctx.priority.name.lower(),
                "x-request-id": ctx.request_id or uuid.uuid4().hex}
-        if ctx.traceparent and _TRACEPARENT.match(ctx.traceparent):
+        if valid_traceparent(ctx.traceparent):  # (traced: ``post`` puts our span's)
             out["traceparent"] = ctx.traceparent
         key = self.keys.get(ctx.tenant, self.default_key)
         if key:
@@ -283,11 +283,12 @@ class UpstreamClient:
         if attempt.done:
             return
         attempt.done = True
+        attempt.hop.end(code)
         if self.on_attempt is not None:
             self.on_attempt(self.name, code, time.perf_counter() - attempt.t0)
 
     async def post(self, path: str, body: bytes, headers: dict[str, str],
-                   tried: list[Attempt]) -> aiohttp.ClientResponse:
+                   tried: list[Attempt], trace: Trace | None = None) -> aiohttp.ClientResponse:
         """POST ``body``; the response once its status line and headers came, if 2xx (its
         body not read yet); otherwise the mapped error. Retried once when a reused
         connection was closed before any response byte. Each attempt is appended to
@@ -296,8 +297,9 @@ class UpstreamClient:
             raise UpstreamUnavailable(f"model '{self.name}' is not started",
                                       before_response=True)
         url = self.base + path
+        hop = NO_HOP if trace is None else trace.hop(self.options.upstream_model, url, headers)
         for retry in (False, True):
-            attempt = Attempt()
+            attempt = Attempt(hop)
             tried.append(attempt)
             try:
                 resp = await self.session.post(url, data=body, headers=headers,
@@ -386,7 +388,7 @@ class UpstreamClient:
         resp = None
         try:
             async with asyncio.timeout(budget):
-                resp = await self.post(path, body, self.headers(ctx, budget), tried)
+                resp = await self.post(path, body, self.headers(ctx, budget), tried, ctx.trace)
                 data = await self.read(resp, tried[-1])
         except TimeoutError as exc:
             self.cut_short(tried, exc)

@@ -101,7 +101,8 @@ class UpstreamGeneration(EventStream):
         try:
             budget = client.budget_s(ctx)
             async with asyncio.timeout(budget):
-                resp = await client.post(path, body, client.headers(ctx, budget), tried)
+                resp = await client.post(path, body, client.headers(ctx, budget), tried,
+                                         ctx.trace)
             self.timing.admitted_ns = time.perf_counter_ns()  # its status and headers came
             await self._relay(resp, tried[-1])
             client.report(tried[-1], resp.status)

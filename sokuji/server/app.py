@@ -38,6 +38,7 @@ from sokuji.errors import (
 )
 from sokuji.models.encoder import EncoderModel
 from sokuji.models.repository import Model, ModelRepository
+from sokuji.observability import tracing
 from sokuji.observability.metrics import Metrics
 from sokuji.server import backends, llm_api, media_http, openai_api, scheduling, semantic, v2
 from sokuji.server.auth import Authenticator, Tenant
@@ -261,12 +262,14 @@ class SokujiApp:
     Starlette."""
 
     def __init__(self, inference: Inference, control_plane: ASGIApp,
-                 jobs: JobService | None = None) -> None:
+                 jobs: JobService | None = None, tracer: tracing.Tracer | None = None) -> None:
         self.inference = inference
         self.auth = inference.auth
         self.generation = llm_api.Generation(inference.config, inference.repo,
                                              inference.metrics)
         self.generation.semantic = inference.semantic
+        self.tracer = self.generation.tracer = tracer
+        """Traces (``observability/tracing.py``); None when off: every hook is one test."""
         self.control_plane = control_plane
         self.metrics = inference.metrics
         self.jobs = jobs
@@ -310,7 +313,8 @@ class SokujiApp:
             await error_reply(to_error(exc, method, path), style).send(send)
             return
         if generation:
-            await self.generation(path, headers, receive, send, t0, tenant)
+            await self.generation(path, headers, receive, send, t0, tenant,
+                                  None if self.tracer is None else self._sample(headers))
             return
         if is_job:
             assert self.jobs is not None
@@ -324,9 +328,19 @@ class SokujiApp:
                 self.inference, route[1], headers, scope.get("query_string", b""), receive,
                 send, t0, tenant), style, t0)
         else:
-            reply = await self.respond(method, path, headers, receive, t0, tenant, route)
+            reply = await self.respond(method, path, headers, receive, t0, tenant, route,
+                                       None if self.tracer is None else self._sample(headers))
         if reply is not None:
             await reply.send(send)
+
+    def _sample(self, headers: Headers) -> tracing.Trace | None:
+        """Tracing's decision, once, as the request enters; a traced request's ``Trace``
+        reaches its ``RequestContext`` through ``tracing.current`` (this request's task)."""
+        assert self.tracer is not None
+        trace = self.tracer.sample(headers.get(tracing.TRACEPARENT))
+        if trace is not None:
+            tracing.current.set(trace)
+        return trace
 
     def body_limit(self, path: str) -> int:
         """The request body limit of ``path``: its model's own, else the server's."""
@@ -366,13 +380,18 @@ class SokujiApp:
             self._failed(params, exc, t0)
             return error_reply(error, style)
 
-    def _failed(self, params: dict[str, str], exc: Exception, t0: int | None) -> None:
-        """Count a failed request against its model's metrics and statistics, if known."""
+    def _failed(self, params: dict[str, str], exc: Exception, t0: int | None,
+                tenant: Tenant | SokujiError | None = None) -> None:
+        """Count a failed request against its model's metrics, statistics and SLOs, if
+        known."""
         name = params.get("model_name", "")
         if name not in self.inference.repo.models:
             return
         if isinstance(exc, SokujiError):
             self.metrics.requests.labels(name, str(exc.status)).inc()
+        if self.metrics.slo is not None and isinstance(tenant, Tenant):
+            status = exc.status if isinstance(exc, SokujiError) else 500
+            self.metrics.observe_slo(name, tenant.name, None, status)
         try:
             model = self.inference.repo.get(name, params.get("version"))
         except ModelNotFound:  # an unknown version: no statistics to count it in
@@ -382,11 +401,12 @@ class SokujiApp:
 
     async def respond(self, method: str, path: str, headers: Headers, receive: Receive,
                       t0: int, tenant: Tenant | SokujiError,
-                      route: Route | None = None) -> Reply | None:
+                      route: Route | None = None, trace: tracing.Trace | None = None
+                      ) -> Reply | None:
         """The inference path as a function, for a request already authenticated (the
         tenant: from the headers, or the job's key; or the refusal of a job whose key lost
         its rights, answered like any error of the route): the reply, or None if the client
-        went away."""
+        went away. ``trace``: the request is traced (its spans are made after the reply)."""
         route = route or self.route(path)
         assert route is not None
         endpoint, params, style = route
@@ -401,23 +421,63 @@ class SokujiApp:
             return None
         except Exception as exc:  # noqa: BLE001 - every error, SokujiError or a bug: one mapper
             error = to_error(exc, method, path)
-            self._failed(params, exc, t0)
+            self._failed(params, exc, t0, tenant)
+            if trace is not None:  # (tracing: the spans of a failed request)
+                self._end_trace(trace, style, params, "", tl, error.status, path, exc)
             return error_reply(error, style)
         tl.mark(Stage.ENCODE)
+        if self.metrics.slo is not None:
+            assert isinstance(tenant, Tenant)
+            self.metrics.observe_slo(params["model_name"], tenant.name, tl.total_ns / 1e6, 200)
         steps = out_headers.get("server-timing")  # a pipeline's steps
         out_headers["server-timing"] = tl.server_timing() if steps is None \
             else f"{tl.server_timing()}, {steps}"
         # Published after the response is written, off the request's own latency.
         asyncio.get_running_loop().call_soon(self.metrics.observe_request, model, tl, 200)
+        self.metrics.genai.request(_operation(style), params["model_name"], tl.total_ns)
+        if trace is not None:  # (tracing: the request's spans, after the reply)
+            self._end_trace(trace, style, params, model, tl, 200, path)
         return Reply(200, body, out_headers)
+
+    def _end_trace(self, trace: tracing.Trace, style: ErrorStyle, params: dict[str, str],
+                   model: str, tl: Timeline, status: int, path: str,
+                   exc: Exception | None = None) -> None:
+        """A traced request's spans, made once the reply is out (``tracing_spans.py``)."""
+        assert self.tracer is not None
+        asyncio.get_running_loop().call_soon(
+            self.tracer.end_request, trace, _operation(style), params.get("model_name", ""),
+            model, tl, status, path, exc)
+
+
+def _operation(style: ErrorStyle) -> str:
+    """The GenAI operation name of an inference route (``observability/genai.py``)."""
+    return "embeddings" if style is ErrorStyle.OPENAI else "infer"
+
+
+def _time_refusals(served: Any) -> Callable[[], int] | None:
+    """How many requests a model's admission by time refused (encoders: the batcher's;
+    generators: the engine's waiting room), if it has one."""
+    by_time = getattr(getattr(served, "batcher", None), "by_time", None)
+    if by_time is not None:
+        return lambda: int(by_time.refused)
+    queue = getattr(getattr(served, "engine", None), "queue", None)
+    if queue is not None and getattr(queue, "slo", None):
+        return lambda: int(queue.refused)
+    return None
 
 
 def create_app(config: ServerConfig, repo: ModelRepository,
                metrics: Metrics | None = None) -> SokujiApp:
     """The ASGI app over an already-loaded repository; batchers start with the lifespan."""
     metrics = metrics or Metrics()
+    tracer = tracing.build(config.tracing)  # None when off (observability/tracing.py)
+    slos = {mc.name: mc.slo for mc in config.models if mc.slo is not None}
+    metrics.add_slos(slos, config.slos)
     for model in repo.every():
         metrics.add_model(model.metric_name, model.served)
+        refusals = _time_refusals(model.served)
+        if refusals is not None and metrics.slo is not None:
+            metrics.slo.refusals[model.metric_name] = refusals
         if model.variant and model.primary:
             metrics.variant.labels(model.name, model.variant).set(1)
     for name, model in repo.models.items():
@@ -426,7 +486,8 @@ def create_app(config: ServerConfig, repo: ModelRepository,
             metrics.llm.add_engine(name, engine)
         pipe = model.pipeline()
         if pipe is not None:
-            pipe.on_done = metrics.pipelines.observe
+            pipe.on_done = metrics.pipelines.observe if tracer is None \
+                else tracer.pipeline_observer(metrics.pipelines.observe)  # steps as spans
         if model.config.runtime == "upstream":
             model.served.on_attempt = metrics.routing.upstream_attempt  # type: ignore[attr-defined]
     if repo.routing is not None:
@@ -462,18 +523,22 @@ def create_app(config: ServerConfig, repo: ModelRepository,
         repo.start()
         if jobs is not None:
             jobs.start(app_.respond, app_.check_job)
+        cp.dashboard.start()  # the dashboard's sampler: a point a second (timeseries.py)
         try:
             yield
         finally:
+            await cp.dashboard.stop()  # (the dashboard's sampler)
             if jobs is not None:
                 await jobs.stop()
             await repo.stop()
             if cache is not None:
                 await cache.close()
+            if tracer is not None:  # export the spans still queued
+                await asyncio.to_thread(tracer.shutdown)
 
     control_plane = Starlette(routes=cp.routes(), lifespan=lifespan,
                               exception_handlers=cp.handlers())
-    app_ = SokujiApp(inference, control_plane, jobs)
+    app_ = SokujiApp(inference, control_plane, jobs, tracer)
     if jobs is not None:
         jobs.limit_of = app_.body_limit
     return app_

@@ -10,6 +10,7 @@ Who may see what, when API keys are configured (with none, everything is open):
   tell). Without it they are open, as in Triton.
 - Statistics: always a key; a tenant's own models, every model for an ``admin``.
 - ``/metrics``: an ``admin`` key when ``metrics_require_key``; else open (Prometheus).
+- ``/dashboard``: the page is open (it holds no data); its data follows ``/metrics``' rule.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from sokuji.models.repository import Model, ModelRepository
 from sokuji.observability.metrics import CONTENT_TYPE, Metrics
 from sokuji.server import triton, v2
 from sokuji.server.auth import Authenticator, Tenant
+from sokuji.server.dashboard import Dashboard
 from sokuji.server.failures import ErrorStyle, error_body, to_error
 from sokuji.server.http import JSON
 
@@ -49,6 +51,8 @@ class ControlPlane:
         self.repo = repo
         self.metrics = metrics
         self.auth = auth
+        self.dashboard = Dashboard(config, repo, metrics, auth)
+        """The live dashboard (``dashboard.py``); its sampler starts with the lifespan."""
 
     def routes(self) -> list[Route]:
         m, v = "/v2/models/{model_name}", "/v2/models/{model_name}/versions/{version}"
@@ -69,6 +73,7 @@ class ControlPlane:
             Route(f"{v}/stats", self.stats, methods=get),
             Route("/v1/models", self.openai_models, methods=get),
             Route("/metrics", self.metrics_endpoint, methods=get),
+            *self.dashboard.routes(),  # /dashboard, /dashboard/data (the rule of /metrics)
         ]
 
     def handlers(self) -> dict[Any, Handler]:

@@ -31,6 +31,7 @@ from sokuji.core import offload
 from sokuji.errors import SokujiError
 from sokuji.llm.request import Delta, Finish, GenerationHandle
 from sokuji.models.repository import Model, ModelRepository
+from sokuji.observability import tracing
 from sokuji.observability.metrics import Metrics
 from sokuji.server import llm_codec, scheduling
 from sokuji.server.auth import Tenant
@@ -63,10 +64,13 @@ class Generation:
         self.metrics = metrics
         self.semantic: dict[str, Any] = {}
         """Models with a semantic cache (``semantic.py``): the app shares its layers."""
+        self.tracer: tracing.Tracer | None = None
+        """Set by the app when tracing is on (``observability/tracing.py``)."""
 
     async def __call__(self, path: str, headers: Headers, receive: Receive, send: Send,
-                       t0: int, tenant: Tenant) -> None:
-        """``POST`` on ``path`` by ``tenant`` (the method and the caller checked by the app)."""
+                       t0: int, tenant: Tenant, trace: tracing.Trace | None = None) -> None:
+        """``POST`` on ``path`` by ``tenant`` (the method and the caller checked by the app);
+        ``trace``: the request is traced."""
         model_name = ""
         try:
             check_content_type(headers, binary_ok=False)
@@ -105,16 +109,48 @@ class Generation:
             failure = to_error(exc, "POST", path)
             if model_name:  # Triton statistics: a failure, from arrival to the reply
                 self.metrics.observe_failure(model_name, time.perf_counter_ns() - t0)
+                if self.metrics.slo is not None:
+                    self.metrics.observe_slo(model_name, tenant.name, None, failure.status)
             await self._error(send, failure, model_name)
+            if trace is not None:  # (tracing: a request refused before submission)
+                self._finished(path, req.model if model_name else "", None, None, None,
+                               failure.status, trace, exc)
             return
         watcher = asyncio.create_task(self._watch(receive, gen))
+        status = 200
+        finish = None
         try:
-            await self._respond(send, req, gen, model)
+            finish = await self._respond(send, req, gen, model)
         except Exception as exc:  # noqa: BLE001 - a failed generation, or a bug: one mapper
-            await self._error(send, to_error(exc, "POST", path), model_name)
+            failure = to_error(exc, "POST", path)
+            status = failure.status
+            await self._error(send, failure, model_name)
         finally:
             gen.cancel()  # a no-op once finished; stops the engine if we got here early
             watcher.cancel()
+        if self.metrics.slo is not None:  # a generator's SLO is on the time to first token
+            timing = gen.timing
+            first = timing.first_token_ns
+            ttft_ms = (first - timing.arrival_ns) / 1e6 if first else None
+            if ttft_ms is not None or status != 200:
+                self.metrics.observe_slo(model_name, tenant.name, ttft_ms, status)
+        self._finished(path, model_name, req, gen, finish, status, trace)
+
+    def _finished(self, path: str, model: str, req: llm_codec.CompletionRequest | None,
+                  gen: GenerationHandle | None, finish: Finish | None, status: int,
+                  trace: tracing.Trace | None, exc: Exception | None = None) -> None:
+        """A generation ended: the GenAI metrics of an answered one (``genai.py``); a traced
+        one's spans, made after the reply (``tracing_spans.py``)."""
+        operation = "chat" if PATHS[path] else "text_completion"
+        if finish is not None and (finish.error is not None or finish.reason == "cancelled"):
+            status = finish.error.status if finish.error is not None else 499  # (streamed)
+        if status == 200 and gen is not None and not getattr(gen, "cached", False):
+            self.metrics.genai.generation(operation, model, gen.timing)
+        if trace is not None:
+            assert self.tracer is not None
+            asyncio.get_running_loop().call_soon(
+                self.tracer.end_generation, trace, operation, model, req,
+                gen.timing if gen is not None else None, finish, status, path, exc)
 
     async def _semantic(self, layer: Any, key: Any, generator: Any,
                         req: llm_codec.CompletionRequest, ctx: Any) -> GenerationHandle:
@@ -156,7 +192,9 @@ class Generation:
                 return
 
     async def _respond(self, send: Send, req: llm_codec.CompletionRequest,
-                       gen: GenerationHandle, model: Model) -> None:
+                       gen: GenerationHandle, model: Model) -> Finish:
+        """Answer ``gen``'s events; its ``Finish`` (a failure is raised instead, unless
+        the stream had begun)."""
         enc = llm_codec.Encoder(req, model.name, gen.timing)
         first = await gen.next_events()
         extra = getattr(gen, "extra", None)  # a pipeline's extra outputs: its sources
@@ -174,10 +212,9 @@ class Generation:
                 self._observe(model.name, gen, first[0], error_reply=failure is not None)
                 if failure is not None:
                     raise failure
-                return  # cancelled: the client is gone
+                return first[0]  # cancelled: the client is gone
         if req.stream:
-            await self._stream(send, req, gen, enc, first, model.name, steps)
-            return
+            return await self._stream(send, req, gen, enc, first, model.name, steps)
         texts: list[str] = []
         pending = first
         while True:
@@ -190,7 +227,7 @@ class Generation:
                 if failure is not None:
                     raise failure
                 if event.reason == "cancelled":
-                    return
+                    return event
                 body = enc.whole("".join(texts), event.reason, gen.timing,
                                  event.completion_tokens)
                 headers = [(b"content-type", b"application/json"),
@@ -199,13 +236,13 @@ class Generation:
                             gen.timing.server_timing().encode("latin-1")), *steps]
                 await send({"type": "http.response.start", "status": 200, "headers": headers})
                 await send({"type": "http.response.body", "body": body})
-                return
+                return event
             pending = await gen.next_events()
 
     async def _stream(self, send: Send, req: llm_codec.CompletionRequest,
                       gen: GenerationHandle, enc: llm_codec.Encoder,
                       pending: list[Delta | Finish], model: str,
-                      headers: list[tuple[bytes, bytes]]) -> None:
+                      headers: list[tuple[bytes, bytes]]) -> Finish:
         await send({"type": "http.response.start", "status": 200,
                     "headers": [*SSE_HEADERS, *headers] if headers else SSE_HEADERS})
         if req.chat:
@@ -222,7 +259,7 @@ class Generation:
             if done is not None:
                 self._observe(model, gen, done)
                 if done.reason == "cancelled":
-                    return
+                    return done
                 failure = done.error
                 if failure is not None:  # the status is sent: say it in the stream
                     out.append(b"event: error\ndata: " + llm_codec.orjson.dumps(
@@ -235,7 +272,7 @@ class Generation:
                 out.append(f": server-timing {timing}\n\ndata: [DONE]\n\n".encode())
                 await send({"type": "http.response.body", "body": b"".join(out),
                             "more_body": False})
-                return
+                return done
             if out:
                 await send({"type": "http.response.body", "body": b"".join(out),
                             "more_body": True})

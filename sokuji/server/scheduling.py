@@ -21,6 +21,7 @@ from typing import Any
 from sokuji.core.model import RequestContext
 from sokuji.core.request import Priority, Timeline
 from sokuji.errors import InvalidInput
+from sokuji.observability import tracing
 from sokuji.server.auth import Tenant
 
 PRIORITY_HEADER = "x-sokuji-priority"
@@ -75,17 +76,21 @@ def deadline_ns(headers: Mapping[str, str], parameters: Mapping[str, Any], arriv
     return arrival_ns + int(min(timeout_ms, MAX_TIMEOUT_MS) * 1e6)
 
 
-TRACEPARENT = "traceparent"
+TRACEPARENT = tracing.TRACEPARENT
 
 
 def context(tenant: Tenant, headers: Mapping[str, str], parameters: Mapping[str, Any],
             arrival_ns: int, default_timeout_ms: float, request_id: str = "",
             timeline: Timeline | None = None) -> RequestContext:
     """The request's context once its model (its default timeout) and its parameters are
-    known: the authenticated tenant, the priority under its ceiling, the deadline."""
-    return RequestContext(
+    known: the authenticated tenant, the priority under its ceiling, the deadline; and the
+    request's ``Trace`` if it is traced (set by the app in this request's task)."""
+    ctx = RequestContext(
         tenant=tenant.name,
         priority=priority(headers, parameters, tenant.priority, tenant.max_priority),
         deadline_ns=deadline_ns(headers, parameters, arrival_ns, default_timeout_ms),
         arrival_ns=arrival_ns, request_id=request_id, traceparent=headers.get(TRACEPARENT),
-        timeline=timeline, headers=headers)
+        timeline=timeline, headers=headers, trace=tracing.current.get())
+    if ctx.trace is not None:
+        ctx.trace.ctx = ctx
+    return ctx

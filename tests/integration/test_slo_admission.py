@@ -59,9 +59,10 @@ def test_admission_by_time_keeps_admitted_latency_within_the_slo() -> None:
     time_ms = admitted_ms(by_time)
     time_p99 = float(np.percentile(time_ms, 99))
     # By count (96 deep: ~1.4 s of this model's work) the queue fills and stays full: every
-    # admitted request waits it out. By time, what is admitted is answered within the SLO: the calibration scales
-    # the predictions by their own error on this machine, now (a busy neighbour included).
-    # The client's view adds its own scheduling: measured against the server's record.
+    # admitted request waits it out. By time, what is admitted is answered within the SLO:
+    # the calibration scales the predictions by their own error on this machine, now (a busy
+    # neighbour included). The client's view adds its own scheduling: the SLO is checked
+    # against the server's own record below.
     assert time_p99 < 0.5 * count_p99, (time_p99, count_p99)
     refused = sum(r.status == 429 for r in by_time.records)
     assert refused > 0.3 * len(by_time.records)  # 3x capacity: most of the excess

@@ -325,10 +325,11 @@ def test_batcher_and_engine_defaults_are_the_schemas() -> None:
     from sokuji.llm.runtime import LlamaOptions
 
     default = cfg.ModelConfig(name="m")
-    own = {"policy", "worker_nice"}
+    own = {"policy", "worker_nice", "slo"}
     assert all(getattr(BatcherConfig(), f.name) == getattr(default, f.name)
                for f in fields(BatcherConfig) if f.name not in own)
     assert BatcherConfig().policy is default.batching
+    assert not BatcherConfig().slo and default.slo is None  # no SLO: admission by count
     mc = cfg.ModelConfig(name="m", max_batch_size=3, max_batch_tokens=77, max_queue_delay_ms=9,
                          batching=cfg.BatchPolicy.FIFO, instances=2, max_queue_depth=5,
                          max_concurrency=4, priority_aging_ms=12.5)
