@@ -18,7 +18,7 @@ from sokuji.server.auth import Tenant
 from sokuji.server.http import Headers, read_body
 
 if TYPE_CHECKING:
-    from sokuji.server.app import Inference
+    from sokuji.server.inference import Inference
 
 
 def streams(repo: ModelRepository, params: dict[str, str], headers: Headers) -> bool:
