@@ -37,6 +37,9 @@ class SloConfig(_Table, frozen=True):
     admission: bool = True
     """Admit by time: refuse (429) a request whose predicted wait plus service would exceed
     ``p99_ms`` (or its own deadline, if sooner)."""
+    batch_share: Annotated[float, _why("must be between 0 and 1", ge=0.0, le=1.0)] = 0.25
+    """With admission: the most of ``p99_ms`` one batch may take (its positions capped at
+    the measured rate), so that a long batch leaves room for queueing; 0: no cap."""
     tenant: str = ""
     """In ``[[slos]]``: the tenant (as in ``[[api_keys]]``) this SLO is for."""
     model: str = ""

@@ -304,9 +304,11 @@ class DynamicBatcher:
         if not live:
             self._queue.clear()
             return []
-        cfg = self.config
+        cfg, budget = self.config, self.config.max_batch_tokens
+        cap = self.by_time.batch_cap() if self.by_time is not None else None
         choice = forming.choose([e.request for e in live], cfg.policy, cfg.max_batch_size,
-                                cfg.max_batch_tokens, self._aging_ns, time.perf_counter_ns())
+                                budget if cap is None else min(budget, cap), self._aging_ns,
+                                time.perf_counter_ns())
         chosen = [live[i] for i in choice.indices]
         if len(chosen) == len(live):
             self._queue = []

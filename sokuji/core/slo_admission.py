@@ -21,7 +21,10 @@ model's own, its tenant's), or its deadline's, if sooner. Then:
   (429, Retry-After) at once, before it costs a slot: the same answer as a full queue.
   Before any batch has been measured nothing is refused by time.
 - **Slack in batching.** The batch forms around the request due first (``core/forming.py``):
-  a request with slack (a looser SLO, a tenant's or none) yields to one without. Cutting a
+  a request with slack (a looser SLO, a tenant's or none) yields to one without. And a batch
+  may take at most ``batch_share`` (0.25) of the target at the measured rate: one batch of
+  long texts would otherwise take most of the budget and leave no room to queue (MiniLM,
+  mixed lengths: batches of up to ~1.7 s against a 2 s target). Cutting a
   batch short so that a late head could still make it was tried and measured worse: at 3x
   overload on a model with a per-batch cost, goodput fell 10% and the admitted p99 rose 30%
   (smaller batches drain the queue slower than admission predicted).
@@ -52,6 +55,8 @@ class SloBudgets:
 
     model_ms: float | None = None
     tenants_ms: Mapping[str, float] = field(default_factory=dict)
+    batch_share: float = 0.0
+    """The most of the loosest target one batch may take (0: no cap)."""
 
     def budget_ms(self, tenant: str) -> float | None:
         own, theirs = self.model_ms, self.tenants_ms.get(tenant)
@@ -74,10 +79,47 @@ def budgets_for(model: str, own: SloConfig | None, tenant_slos: Iterable[SloConf
     """The admission targets of ``model``: its own SLO's and, per tenant, the tightest of
     the tenant SLOs that cover it (those with ``admission`` only)."""
     tenants: dict[str, float] = {}
+    shares = [own.batch_share] if own is not None and own.admission else []
     for s in tenant_slos:
         if s.admission and s.model in ("", model):
             tenants[s.tenant] = min(s.p99_ms, tenants.get(s.tenant, s.p99_ms))
-    return SloBudgets(own.p99_ms if own is not None and own.admission else None, tenants)
+            shares.append(s.batch_share)
+    return SloBudgets(own.p99_ms if own is not None and own.admission else None, tenants,
+                      min(shares, default=0.0))
+
+
+class BatchCost:
+    """A batch's run time as a fixed cost plus a cost per position, fitted by exponentially
+    weighted least squares over recent batches (a per-batch cost makes small batches dear:
+    a cap drawn from the average rate alone would shrink batches, lower the rate, and shrink
+    them again)."""
+
+    DECAY = 0.98
+
+    def __init__(self) -> None:
+        self.n = self.x = self.y = self.xx = self.xy = 0.0
+
+    def observe(self, positions: float, seconds: float) -> None:
+        d = self.DECAY
+        self.n = d * self.n + 1.0
+        self.x = d * self.x + positions
+        self.y = d * self.y + seconds
+        self.xx = d * self.xx + positions * positions
+        self.xy = d * self.xy + positions * seconds
+
+    def fit(self) -> tuple[float, float] | None:
+        """(fixed seconds, seconds per position), or None until batches of different sizes
+        have been seen."""
+        if self.n < 2:
+            return None
+        mx, my = self.x / self.n, self.y / self.n
+        var = self.xx / self.n - mx * mx
+        if var <= (0.05 * mx) ** 2:  # (nearly) one batch size: no slope to fit; by the rate
+            return (0.0, my / mx) if mx > 0 and my > 0 else None
+        slope = (self.xy / self.n - mx * my) / var
+        if slope <= 0:
+            return None
+        return max(0.0, my - slope * mx), slope
 
 
 class TimeAdmission:
@@ -96,6 +138,7 @@ class TimeAdmission:
         """The 99th percentile of actual / predicted (1 until measured)."""
         self.refused = 0
         self.batch_work = 0.0
+        self.cost = BatchCost()
         """EWMA of a batch's positions: how much work one batch takes off the queue."""
 
     def due_ns(self, tenant: str, arrival_ns: int, deadline_ns: int | None) -> int | None:
@@ -114,18 +157,22 @@ class TimeAdmission:
         left = 0.0
         for dispatched_ns, work in self.running.values():
             left += max(0.0, work / per - (now_ns - dispatched_ns) / 1e9)
-        # Batches run whole: the work ahead and its own take whole batches of the usual size
-        # (its own batch may be partial, and still takes the batch's time).
-        size = max(self.batch_work, own, 1.0)
-        batches = math.ceil((work_ahead + own) / size)
-        return left / self.instances + math.ceil(batches / self.instances) * size / per
+        # Batches run whole: beyond one batch, the work ahead and its own take whole batches
+        # of the usual size (its own may be partial, and still takes a batch's time).
+        size, total = max(self.batch_work, own, 1.0), work_ahead + own
+        if total <= size:
+            return left / self.instances + total / per
+        return left / self.instances \
+            + math.ceil(math.ceil(total / size) / self.instances) * size / per
 
     def check(self, due_ns: int, now_ns: int, work_ahead: float, own: float) -> float | None:
         """Raise ``Overloaded`` if the request cannot be answered by ``due_ns``; else the
         unscaled prediction in seconds (None: nothing measured yet)."""
         predicted = self.predict_s(now_ns, work_ahead, own)
-        if predicted is None:
-            return None
+        if predicted is None or (not work_ahead and not self.running):
+            # An idle model always takes the request: refusing it helps nobody, and only
+            # what runs corrects a rate measured in a bad moment (else nothing would).
+            return predicted
         left_s = (due_ns - now_ns) / 1e9
         if predicted * self.scale > left_s:
             self.refused += 1
@@ -145,6 +192,19 @@ class TimeAdmission:
             return
         self.check(now_ns + int(loosest * 1e6), now_ns,
                    sum(r.num_items * r.length for r in queue), 0.0)
+
+    def batch_cap(self) -> int | None:
+        """The most positions one batch may hold: what runs within ``batch_share`` of the
+        loosest target by the fitted batch cost (None: no cap, or not fitted yet)."""
+        loosest = self.budgets.loosest_ms
+        if not self.budgets.batch_share or loosest is None:
+            return None
+        fit = self.cost.fit()
+        if fit is None:
+            return None
+        fixed_s, per_position_s = fit
+        room_s = loosest / 1e3 * self.budgets.batch_share - fixed_s
+        return max(1, int(room_s / per_position_s))
 
     # --- the batcher's calls -------------------------------------------------------------
 
@@ -170,6 +230,7 @@ class TimeAdmission:
         if not ok:
             return
         self.rate.observe(work, (done_ns - dispatched_ns) / 1e9)
+        self.cost.observe(work, (done_ns - dispatched_ns) / 1e9)
         self.batch_work = work if not self.batch_work else 0.8 * self.batch_work + 0.2 * work
         for r in batch:
             if r.predicted_s > 0 and r.due_ns is not None:

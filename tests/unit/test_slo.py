@@ -252,3 +252,34 @@ def test_the_early_check_refuses_before_the_body_only_what_no_tenant_could_make(
         adm.check_early(queue * 3, now)  # 300 ms: nobody can
     assert SloBudgets().loosest_ms is None
     assert SloBudgets(model_ms=100.0, tenants_ms={"a": 20.0}).loosest_ms == 100.0
+
+
+def test_an_idle_model_always_admits_so_a_bad_rate_cannot_lock_it_out() -> None:
+    adm = TimeAdmission("m", SloBudgets(model_ms=100.0), 1)
+    adm.rate.observe(100, 10.0)  # measured in a bad moment: 10 positions a second
+    adm.batch_work = 8192.0  # and the usual batch was large
+    now = time.perf_counter_ns()
+    r = _request(1, 100, start_ns=now)
+    adm.admit(r, [], now)  # nothing queued, nothing running: admitted, predicted honestly
+    assert r.predicted_s == pytest.approx(10.0)
+    with pytest.raises(Overloaded):  # behind queued work, the rate counts
+        adm.admit(_request(1, 100, start_ns=now), [_request(1, 100)], now)
+    # It ran: the rate recovers from what it measured.
+    adm.dispatched(1, [r], now)
+    adm.completed(1, [r], now + 10_000_000, ok=True)
+    assert adm.rate.per_server_s > 1000
+
+
+def test_a_batch_may_take_at_most_its_share_of_the_target() -> None:
+    adm = TimeAdmission("m", SloBudgets(model_ms=2000.0, batch_share=0.25), 1)
+    assert adm.batch_cap() is None  # nothing measured
+    for positions in (100, 400, 1600, 800):  # 40 ms a batch + 0.1 ms a position
+        adm.cost.observe(positions, 0.040 + positions * 1e-4)
+    assert adm.batch_cap() == pytest.approx(4600, abs=1)  # (500 - 40) ms / 0.1 ms
+    one = TimeAdmission("m", SloBudgets(model_ms=2000.0, batch_share=0.25), 1)
+    for _ in range(3):  # one size only: by the rate
+        one.cost.observe(1000, 0.2)
+    assert one.batch_cap() == pytest.approx(2500, abs=1)
+    assert TimeAdmission("m", SloBudgets(model_ms=2000.0), 1).batch_cap() is None  # share 0
+    assert budgets_for("m", SloConfig(p99_ms=10, batch_share=0.5),
+                       [SloConfig(p99_ms=10, tenant="t", batch_share=0.1)]).batch_share == 0.1
