@@ -138,8 +138,9 @@ class TimeAdmission:
         """The 99th percentile of actual / predicted (1 until measured)."""
         self.refused = 0
         self.batch_work = 0.0
-        self.cost = BatchCost()
         """EWMA of a batch's positions: how much work one batch takes off the queue."""
+        self.cost = BatchCost()
+        """A batch's run time by its positions, for the batch cap."""
 
     def due_ns(self, tenant: str, arrival_ns: int, deadline_ns: int | None) -> int | None:
         budget = self.budgets.budget_ms(tenant)
