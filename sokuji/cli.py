@@ -6,6 +6,7 @@
   sokuji bench URL (--concurrency N | --rate R) [...]   load generator (sokuji bench -h)
   sokuji bench compare A.json B.json [--threshold 10%]
   sokuji optimize MODEL [...]                 variants measured, gated and recorded
+  sokuji plan --from BENCH.json [...] --rate R --slo p99=100ms   replicas, cost, memory
   sokuji index build|info [--cache-dir DIR]   the retrieval index (pydoc topics)
   sokuji callback-secret TENANT [--config FILE]   the key a tenant's callback receiver checks
 """
@@ -46,6 +47,8 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("bench", help="load generator: sokuji bench -h", add_help=False)
     sub.add_parser("optimize", help="build, measure and gate model variants: sokuji "
                    "optimize -h", add_help=False)
+    sub.add_parser("plan", help="replicas, cores, cost and memory from bench results: sokuji "
+                   "plan -h", add_help=False)  # --- capacity planner (issue 16) ---
     # --- retrieval index (issue 13): sokuji/retrieval/cli.py ---
     sub.add_parser("index", help="build / inspect the retrieval index: sokuji index -h",
                    add_help=False)
@@ -126,6 +129,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from sokuji.optimize.cli import main as main_optimize
 
         return main_optimize(argv[1:])
+    if argv[:1] == ["plan"]:  # --- capacity planner (issue 16): sokuji/plan/cli.py ---
+        from sokuji.plan.cli import main as main_plan
+
+        return main_plan(argv[1:])
     if argv[:1] == ["index"]:  # --- retrieval index (issue 13) ---
         from sokuji.retrieval.cli import main as main_index
 
