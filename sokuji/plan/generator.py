@@ -18,7 +18,10 @@ from typing import Any
 from sokuji.bench.stats import Slo
 from sokuji.errors import ConfigError
 from sokuji.plan.inputs import Run
-from sokuji.plan.planner import UNREACHABLE, Goal, cost, replicas_for
+from sokuji.plan.planner import Goal, cost, replicas_for
+
+NO_RUN = ("no run meets the SLO, not even the lightest: a replica cannot take any rate "
+          "within it (bench at a lower concurrency or rate to find out)")
 
 
 def _summary(run: Run) -> dict[str, Any]:
@@ -49,8 +52,7 @@ def max_rate(runs: list[Run], slos: tuple[Slo, ...]) -> tuple[float, float, list
     notes: list[str] = []
     passing = [i for i, r in enumerate(rows) if r["meets"]]
     if not passing:
-        return 0.0, 0.0, rows, ["no run meets the SLO, not even the lightest: bench at a "
-                                "lower concurrency or rate"]
+        return 0.0, 0.0, rows, []
     i = max(passing)
     a = rows[i]
     if i == len(rows) - 1:
@@ -92,7 +94,7 @@ def generator_plan(runs: list[Run], goal: Goal) -> dict[str, Any]:
                    cost=cost(n, goal.rate, goal.price_per_hour, tokens))
     elif goal.rate is not None:
         out["replicas"] = None
-        out["reason"] = UNREACHABLE if per_replica <= 0 else \
+        out["reason"] = NO_RUN if per_replica <= 0 else \
             f"more than --max-replicas {goal.max_replicas} replicas needed"
     if goal.price_per_hour and tps > 0:
         out["floor_per_1m_output_tokens"] = goal.price_per_hour / (tps * 3600) * 1e6

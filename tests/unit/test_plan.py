@@ -258,6 +258,9 @@ def test_generator_rate_is_interpolated_between_the_runs_either_side(tmp_path: P
     assert plan["cost"]["per_1m_output_tokens"] == pytest.approx(4 * 3.0 / (640 * 3600) * 1e6)
     all_pass = generator.max_rate(runs, (parse_slo("ttft_p99=5s"),))
     assert all_pass[0] == 4.0 and "busiest run" in all_pass[3][0]
+    none = generator.generator_plan(runs, planner.Goal(rate=1.0, slos=(
+        parse_slo("ttft_p99=100ms"),), price_per_hour=None))
+    assert none["replicas"] is None and "not even the lightest" in none["reason"]
 
 
 # --- memory -----------------------------------------------------------------------------------
