@@ -42,6 +42,19 @@ class SokujiError(Exception):
         self.param = param
         self.headers = headers or {}
 
+    def __reduce__(self) -> tuple[object, ...]:
+        """Pickled whole (keyword-only arguments and all): an error raised in another process
+        (a Ray Serve replica, a worker) arrives as itself, with its status and headers."""
+        return _restore, (type(self), self.args, self.__dict__)
+
+
+def _restore(cls: type[SokujiError], args: tuple[object, ...],
+             state: dict[str, object]) -> SokujiError:
+    error = cls.__new__(cls)
+    error.args = args
+    error.__dict__.update(state)
+    return error
+
 
 class ConfigError(SokujiError):
     code = "config_error"

@@ -283,3 +283,4 @@ def test_a_batch_may_take_at_most_its_share_of_the_target() -> None:
     assert TimeAdmission("m", SloBudgets(model_ms=2000.0), 1).batch_cap() is None  # share 0
     assert budgets_for("m", SloConfig(p99_ms=10, batch_share=0.5),
                        [SloConfig(p99_ms=10, tenant="t", batch_share=0.1)]).batch_share == 0.1
+
