@@ -1,6 +1,7 @@
 """``sokuji``: one entry point.
 
   sokuji serve [--config FILE] [--host H] [--port P] [--cache-dir DIR] [--log-level L]
+  sokuji serve --ray [--ray-address ADDR] [--replicas N] [...]   on Ray Serve (extra ray)
   sokuji export minilm [--cache-dir DIR]      build the ONNX file of the built-in model now
   sokuji models [--config FILE]               list the configured models
   sokuji bench URL (--concurrency N | --rate R) [...]   load generator (sokuji bench -h)
@@ -33,6 +34,12 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int)
     serve.add_argument("--cache-dir", dest="cache_dir")
     serve.add_argument("--log-level", dest="log_level")
+    serve.add_argument("--ray", action="store_true",
+                       help="run on Ray Serve: replicas of the whole server ([ray] table)")
+    serve.add_argument("--ray-address", dest="ray_address",
+                       help="join this Ray cluster (auto, host:port); default [ray] address, "
+                       "else a local cluster")
+    serve.add_argument("--replicas", type=int, help="[ray] replicas")
 
     export = sub.add_parser("export", help="export a built-in model to ONNX")
     export.add_argument("model", choices=[cfg.DEFAULT_MODEL_NAME])
@@ -73,6 +80,8 @@ def _serve(args: argparse.Namespace) -> int:
     config = cfg.load(args.config, overrides={
         "host": args.host, "port": args.port, "cache_dir": args.cache_dir,
         "log_level": args.log_level})
+    if args.ray or args.ray_address or args.replicas:
+        return _serve_ray(config, args)
     logging.basicConfig(level=config.log_level.upper() if config.log_level != "trace"
                         else "DEBUG", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     metrics = Metrics()
@@ -103,6 +112,24 @@ def _serve(args: argparse.Namespace) -> int:
         proxy_headers=False, timeout_graceful_shutdown=int(config.shutdown_grace_s) or None))
     server.run()
     return 0
+
+
+def _serve_ray(config: cfg.ServerConfig, args: argparse.Namespace) -> int:
+    """``sokuji serve --ray`` (``sokuji/scale/launcher.py``)."""
+    import msgspec
+
+    if args.replicas is not None:
+        if args.replicas < 1:
+            raise ConfigError("--replicas must be >= 1")
+        config = cfg.validate(msgspec.structs.replace(
+            config, ray=msgspec.structs.replace(config.ray, replicas=args.replicas)))
+    logging.basicConfig(level=config.log_level.upper() if config.log_level != "trace"
+                        else "DEBUG", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        from sokuji.scale.launcher import serve_on_ray
+    except ImportError as exc:
+        raise ConfigError(f"--ray needs Ray Serve: pip install 'sokuji[ray]' ({exc})") from None
+    return serve_on_ray(config, args.ray_address)
 
 
 def _callback_secret(tenant: str, config_path: str | None) -> int:

@@ -41,6 +41,7 @@ import msgspec
 from msgspec import Meta, Struct, field
 
 from sokuji.config_ops import SloConfig, TracingConfig
+from sokuji.config_scale import RayConfig
 from sokuji.config_types import (
     RUNTIMES,
     AtLeast1,
@@ -292,6 +293,8 @@ class ServerConfig(_Table, frozen=True):
     tracing: TracingConfig = TracingConfig()
     cache: CacheConfig = CacheConfig()
     jobs: JobsConfig = JobsConfig()
+    ray: RayConfig = RayConfig()
+    """Scale-out on Ray Serve (``sokuji serve --ray`` only): ``config_scale.py``."""
     metrics_require_key: bool = False
     """/metrics needs an API key marked ``admin`` (when keys are configured)."""
     models_require_key: bool = True
@@ -306,7 +309,7 @@ class ServerConfig(_Table, frozen=True):
         return next((m for m in self.models if m.name == name), None)
 
 
-_TABLES = ("models", "pipelines", "api_keys", "cache", "jobs", "slos", "tracing")
+_TABLES = ("models", "pipelines", "api_keys", "cache", "jobs", "slos", "tracing", "ray")
 _SCALARS = tuple(k for k in ServerConfig.__struct_fields__ if k not in _TABLES)
 """The top-level keys that ``SOKUJI_<KEY>`` environment variables and CLI flags may set."""
 _BOOLS = {k for k in _SCALARS if isinstance(getattr(ServerConfig(), k), bool)}

@@ -12,6 +12,7 @@ from sokuji import config as cfg
 from sokuji.models.repository import ModelRepository
 from sokuji.observability.metrics import Metrics
 from sokuji.server.app import create_app
+from tests.integration.ray_cluster import ray_head  # noqa: F401 (one Ray cluster a session)
 
 ROOT = Path(__file__).resolve().parent.parent
 # One export of the built-in model per checkout, shared by every test run (it takes seconds).

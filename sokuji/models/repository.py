@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
@@ -219,10 +219,16 @@ class ModelRepository:
     @classmethod
     def load(cls, config: ServerConfig,
              on_batch: Callable[[str], Callable[[BatchInfo], None]] | None = None,
-             ) -> ModelRepository:
-        """Build, load and warm every configured model (blocking; call before serving)."""
+             served: Mapping[str, ServedModel] | None = None) -> ModelRepository:
+        """Build, load and warm every configured model (blocking; call before serving).
+        ``served``: models already built, by name, used as they are (on Ray, generators
+        that live in deployments of their own: ``scale/ray_llm.py``)."""
         repo = cls(list_in_errors=not config.api_keys)
         for mc in config.models:
+            if served is not None and mc.name in served:
+                repo.models[mc.name] = Model(mc, served[mc.name])
+                log.info("model %s attached (%s)", mc.name, type(served[mc.name]).__name__)
+                continue
             if mc.runtime == "onnx":
                 repo.models[mc.name] = _load_onnx(mc, config, on_batch)
                 continue
@@ -258,9 +264,9 @@ class ModelRepository:
         if pipelines:
             from sokuji.pipelines.load import load_pipelines
 
-            for pc, served in load_pipelines(pipelines, config, {
+            for pc, pipe in load_pipelines(pipelines, config, {
                     name: m.served for name, m in repo.models.items()}):
-                repo.models[pc.name] = Model(pc.as_model(), served)
+                repo.models[pc.name] = Model(pc.as_model(), pipe)
                 log.info("pipeline %s loaded (%d steps)", pc.name, len(pc.steps))
         return repo
 
