@@ -64,5 +64,8 @@ class RayConfig(_Table, frozen=True):
     llm_replicas: AtLeast1 = 1
     llm_max_ongoing_requests: AtLeast1 = 64
     """Per LLM replica; a full replica's conversations spill to the next on the ring."""
+    metrics_push_s: MoreThanZero = 5.0
+    """How often each replica sends its metrics to the application's hub, so that
+    ``/metrics`` (whichever replica answers it) covers every replica."""
     temp_dir: str = ""
     """A local cluster's session directory (Ray's default when empty)."""

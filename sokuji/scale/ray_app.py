@@ -82,14 +82,22 @@ class SokujiReplica:
                                          served=served)
         try:
             ctx = serve.get_replica_context()
-            self.replica = ctx.replica_id.unique_id
+            self.replica, self.app_name = ctx.replica_id.unique_id, ctx.app_name
         except RayServeException:  # outside Serve (unit use): the pid names it
-            self.replica = f"pid-{os.getpid()}"
+            self.replica, self.app_name = f"pid-{os.getpid()}", self.config.ray.app_name
+        self.cluster: Any = None
 
     def __serve_build_asgi_app__(self) -> Any:
+        from sokuji.scale.ray_metrics import ClusterMetrics
         from sokuji.server.app import create_app
 
-        return _NamedReplies(create_app(self.config, self.repo, self.metrics), self.replica)
+        app = create_app(self.config, self.repo, self.metrics)
+        self.cluster = ClusterMetrics(self.app_name, self.replica, self.metrics,
+                                      self.config.ray.metrics_push_s)
+        if app.control is not None:  # /metrics: every replica's, labelled
+            app.control.cluster_metrics = self.cluster.render
+        self.cluster.start()  # (called on the replica's event loop)
+        return _NamedReplies(app, self.replica)
 
     async def record_autoscaling_stats(self) -> dict[str, float]:
         """Sokuji's own load, for ``QueueDepthPolicy``: requests waiting in its queues

@@ -72,6 +72,8 @@ class SokujiApp:
         self.tracer = self.generation.tracer = tracer
         """Traces (``observability/tracing.py``); None when off: every hook is one test."""
         self.control_plane = control_plane
+        self.control: ControlPlane | None = None
+        """The control plane's handlers (set by ``create_app``)."""
         self.metrics = inference.metrics
         self.jobs = jobs
 
@@ -340,6 +342,7 @@ def create_app(config: ServerConfig, repo: ModelRepository,
     control_plane = Starlette(routes=cp.routes(), lifespan=lifespan,
                               exception_handlers=cp.handlers())
     app_ = SokujiApp(inference, control_plane, jobs, tracer)
+    app_.control = cp
     if jobs is not None:
         jobs.limit_of = app_.body_limit
     return app_

@@ -27,7 +27,7 @@ from starlette.routing import Route
 
 from sokuji import __version__
 from sokuji.config import ServerConfig
-from sokuji.errors import Forbidden, SokujiError
+from sokuji.errors import Forbidden, InvalidInput, SokujiError
 from sokuji.models.repository import Model, ModelRepository
 from sokuji.observability.metrics import CONTENT_TYPE, Metrics
 from sokuji.server import triton, v2
@@ -53,6 +53,10 @@ class ControlPlane:
         self.auth = auth
         self.dashboard = Dashboard(config, repo, metrics, auth)
         """The live dashboard (``dashboard.py``); its sampler starts with the lifespan."""
+        self.cluster_metrics: Callable[[], Awaitable[bytes]] | None = None
+        """On Ray Serve: every replica's metrics, labelled by replica
+        (``scale/ray_metrics.py``); ``/metrics`` answers with them unless asked for
+        ``?scope=replica``."""
 
     def routes(self) -> list[Route]:
         m, v = "/v2/models/{model_name}", "/v2/models/{model_name}/versions/{version}"
@@ -145,7 +149,13 @@ class ControlPlane:
             if not tenant.admin:
                 raise Forbidden(f"tenant '{tenant.name}' may not read /metrics: it needs an "
                                 "API key marked admin")
-        return Response(self.metrics.render(), headers={"content-type": CONTENT_TYPE})
+        scope = request.query_params.get("scope", "cluster")
+        if scope not in ("cluster", "replica"):
+            raise InvalidInput(f"scope must be 'cluster' or 'replica', not {scope[:40]!r}",
+                               param="scope")
+        body = (await self.cluster_metrics() if self.cluster_metrics is not None
+                and scope == "cluster" else self.metrics.render())
+        return Response(body, headers={"content-type": CONTENT_TYPE})
 
     # --- errors --------------------------------------------------------------------------
 

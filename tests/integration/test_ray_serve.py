@@ -74,6 +74,7 @@ intra_op_threads = 1
 [ray]
 replicas = 2
 num_cpus = 0
+metrics_push_s = 0.5
 """
 
 
@@ -120,6 +121,18 @@ def test_replicas_answer_as_one_sokuji_and_share_the_redis_cache(ray_head: RayHe
             headers_single = {"authorization": f"Bearer {key}"} if key else {}
             mine = single.post(path, content=payload, headers=headers_single)
             assert (status, body) == (code, mine.content) == (mine.status_code, body)
+        # One /metrics for the deployment, whichever replica answers: both replicas'
+        # series, labelled; ?scope=replica: the answering replica's own.
+        deadline = time.monotonic() + 30
+        while True:
+            replicas = _metric_replicas(url, "")
+            if len(replicas) == 2 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert replicas == set(verdicts), replicas
+        assert _metric_replicas(url, "?scope=replica") == set()
+        status, _, body = _get(url + "/metrics?scope=everything")
+        assert status == 400 and b"scope must be" in body
         # The official OpenAI client, unchanged.
         client = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0)
         emb = client.embeddings.create(model="minilm", input=["ray serve"])
@@ -162,6 +175,24 @@ def test_overload_gets_sokujis_429_not_serves(ray_head: RayHead) -> None:
             assert "max_queue_depth 1" in json.loads(body)["error"]  # Sokuji's own words
             assert int(headers["retry-after"]) >= 1
             assert took < served  # refused at once, not after a model call
+
+
+def _get(url: str) -> tuple[int, dict[str, str], bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=30) as r:
+            return r.status, dict(r.headers), r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), e.read()
+
+
+def _metric_replicas(url: str, query: str) -> set[str]:
+    """The replica labels on sokuji_requests_total samples of one scrape."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    status, _, body = _get(f"{url}/metrics{query}")
+    assert status == 200, body
+    return {s.labels["replica"] for f in text_string_to_metric_families(body.decode())
+            if f.name == "sokuji_requests" for s in f.samples if "replica" in s.labels}
 
 
 def _file(text: str) -> str:

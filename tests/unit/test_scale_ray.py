@@ -121,3 +121,27 @@ def test_every_reply_names_its_replica() -> None:
     asyncio.run(named({"type": "http"}, None, send))
     assert sent[0]["headers"] == [(b"content-type", b"text/plain"), (b"x-sokuji-replica", b"r1")]
     assert sent[1]["body"] == b"ok"
+
+
+def test_one_metrics_page_for_every_replica() -> None:
+    ray_metrics = pytest.importorskip("sokuji.scale.ray_metrics")
+    from prometheus_client import CollectorRegistry, Counter, Histogram
+    from prometheus_client.exposition import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def exposition(n: int) -> bytes:
+        reg = CollectorRegistry()
+        Counter("sokuji_requests", "requests", ["model"], registry=reg).labels("m").inc(n)
+        Histogram("sokuji_latency_seconds", "latency", registry=reg,
+                  buckets=(0.1, 1.0)).observe(0.5)
+        return generate_latest(reg)
+
+    merged = ray_metrics.merge({"a": exposition(2), "b": exposition(5)}).decode()
+    assert merged.count("# TYPE sokuji_requests_total counter") == 1  # one family, not two
+    families = {f.name: f for f in text_string_to_metric_families(merged)}
+    totals = {s.labels["replica"]: s.value for s in families["sokuji_requests"].samples
+              if s.name == "sokuji_requests_total"}
+    assert totals == {"a": 2.0, "b": 5.0}
+    buckets = [s for s in families["sokuji_latency_seconds"].samples
+               if s.name.endswith("_bucket") and s.labels["le"] == "1.0"]
+    assert sorted(s.labels["replica"] for s in buckets) == ["a", "b"]
