@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ray import serve
-from ray.serve.config import AutoscalingConfig, AutoscalingPolicy
+from ray.serve.config import AutoscalingConfig, AutoscalingPolicy, BackpressureConfig
 from ray.serve.exceptions import RayServeException
 
 from sokuji.config import ServerConfig
@@ -149,6 +149,9 @@ def application(config: ServerConfig, llm: Mapping[str, Any] | None = None) -> A
     options: dict[str, Any] = {
         "ray_actor_options": {"num_cpus": rc.num_cpus},
         "max_ongoing_requests": rc.max_ongoing_requests,
+        # A guard only (Sokuji's admission refuses first): if Serve itself ever refuses,
+        # the client still gets a 429 with a Retry-After, never a 503.
+        "backpressure_config": BackpressureConfig(status_code=429, retry_after_s=1),
         "health_check_period_s": rc.health_check_period_s,
         "health_check_timeout_s": rc.health_check_timeout_s,
         "graceful_shutdown_timeout_s": rc.graceful_shutdown_timeout_s,
