@@ -16,7 +16,7 @@ once), which can change greedy text by itself, apart from speculation."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -103,6 +103,14 @@ def _chat(client: openai.OpenAI, model: str, messages: Any, **kw: Any) -> tuple[
     return reply.choices[0].message.content or "", reply, speculation(raw.headers)
 
 
+def at_once(*calls: Callable[[], Any]) -> list[Any]:
+    """Run ``calls`` side by side, one thread each; their results in order. Each call asks
+    one model (its own llama.cpp context, one thread each): models never share a step, so
+    their greedy text cannot depend on running together, and the second core is used."""
+    with ThreadPoolExecutor(len(calls)) as pool:
+        return [f.result() for f in [pool.submit(c) for c in calls]]
+
+
 def complete(client: openai.OpenAI, model: str, prompt: str, **kw: Any) -> str:
     return client.completions.create(model=model, prompt=prompt, temperature=0,
                                      **kw).choices[0].text
@@ -131,32 +139,40 @@ def metric(url: str, name: str, model: str) -> float:
 @pytest.mark.parametrize("messages", [COPY, QUOTE, FREE[0]])
 def test_greedy_chat_text_is_identical_with_and_without_speculation(
         client: openai.OpenAI, messages: Any) -> None:
-    texts = {m: chat(client, m, messages, max_tokens=64)[0] for m in MODELS}
+    texts = dict(zip(MODELS, at_once(*(lambda m=m: chat(client, m, messages, max_tokens=64)[0]
+                                        for m in MODELS)), strict=True))
     assert texts["plain"] and all(t == texts["plain"] for t in texts.values()), texts
 
 
 @pytest.mark.parametrize("prompt", TEXTS)
 def test_greedy_completion_text_is_identical_with_and_without_speculation(
         client: openai.OpenAI, prompt: str) -> None:
-    texts = {m: complete(client, m, prompt, max_tokens=64) for m in MODELS}
+    texts = dict(zip(MODELS, at_once(*(lambda m=m: complete(client, m, prompt, max_tokens=64)
+                                        for m in MODELS)), strict=True))
     assert all(t == texts["plain"] for t in texts.values()), texts
 
 
 def test_identical_when_batched_with_other_sequences(client: openai.OpenAI) -> None:
     # More requests than slots, different lengths: speculating sequences share steps with
-    # others, finish at different steps and move between slots.
+    # others, finish at different steps and move between slots. (The plain model answers
+    # each alone meanwhile: a model of its own.)
     jobs = [(m, n) for n in (16, 56) for m in (COPY, QUOTE, *FREE)]
-    expected = [chat(client, "plain", m, max_tokens=n)[0] for m, n in jobs]
-    for model in ("ngram", "draft"):
+
+    def batched(model: str) -> list[str]:
         with ThreadPoolExecutor(6) as pool:
-            got = list(pool.map(lambda job, m=model: chat(client, m, job[0],
-                                                          max_tokens=job[1])[0], jobs))
-        assert got == expected, model
+            return list(pool.map(lambda job: chat(client, model, job[0],
+                                                  max_tokens=job[1])[0], jobs))
+
+    expected, ngram, draft = at_once(
+        lambda: [chat(client, "plain", m, max_tokens=n)[0] for m, n in jobs],
+        lambda: batched("ngram"), lambda: batched("draft"))
+    assert ngram == expected
+    assert draft == expected
 
 
 def test_a_copy_heavy_answer_accepts_drafts_and_says_so(client: openai.OpenAI,
                                                         url: str) -> None:
-    for model in ("ngram", "draft"):
+    def check(model: str) -> None:  # (the metrics are per model: both run at once)
         before = {m: metric(url, m, model) for m in (
             "sokuji_llm_spec_draft_tokens_total", "sokuji_llm_spec_accepted_tokens_total")}
         text, reply, desc = chat(client, model, COPY, max_tokens=128)
@@ -172,51 +188,74 @@ def test_a_copy_heavy_answer_accepts_drafts_and_says_so(client: openai.OpenAI,
             before["sokuji_llm_spec_draft_tokens_total"] + f["drafted"]
         assert metric(url, "sokuji_llm_spec_accepted_tokens_total", model) == \
             before["sokuji_llm_spec_accepted_tokens_total"] + f["accepted"]
-    _, reply, desc = chat(client, "plain", COPY, max_tokens=16)
+
+    _, (_, reply, desc), _ = at_once(lambda: check("ngram"),
+                                     lambda: chat(client, "plain", COPY, max_tokens=16),
+                                     lambda: check("draft"))
     assert desc == "off" and reply.usage.completion_tokens_details is None
 
 
-@pytest.mark.parametrize("model", ["ngram", "draft"])
-def test_max_tokens_and_stop_strings_hold_inside_accepted_runs(client: openai.OpenAI,
-                                                               model: str) -> None:
-    full = chat(client, "plain", COPY, max_tokens=96)[0]
-    for n in (1, 5, 11, 30):  # cut inside runs a single step would accept
-        text, reply, _ = chat(client, model, COPY, max_tokens=n)
-        plain, plain_reply, _ = chat(client, "plain", COPY, max_tokens=n)
-        assert text == plain and reply.usage.completion_tokens == n == \
-            plain_reply.usage.completion_tokens
-        assert reply.choices[0].finish_reason == "length"
+CUTS = (1, 5, 11, 30)  # max_tokens cutting inside runs a single step would accept
+
+
+def test_max_tokens_and_stop_strings_hold_inside_accepted_runs(client: openai.OpenAI) -> None:
     stop = "paraffin"
+
+    def plain() -> tuple[str, list[Any]]:
+        return (chat(client, "plain", COPY, max_tokens=96)[0],
+                [chat(client, "plain", COPY, max_tokens=n) for n in CUTS])
+
+    def speculating(model: str) -> tuple[list[Any], Any, str]:
+        cut = [chat(client, model, COPY, max_tokens=n) for n in CUTS]
+        stopped = chat(client, model, COPY, max_tokens=96, stop=[stop])
+        stream = client.chat.completions.create(model=model, messages=COPY, temperature=0,
+                                                max_tokens=96, stream=True)
+        return cut, stopped, "".join(c.choices[0].delta.content or ""
+                                     for c in stream if c.choices)
+
+    (full, plain_cut), *runs = at_once(plain, lambda: speculating("ngram"),
+                                       lambda: speculating("draft"))
     assert stop in full
-    text, reply, desc = chat(client, model, COPY, max_tokens=96, stop=[stop])
-    assert text == full[:full.index(stop)] and reply.choices[0].finish_reason == "stop"
-    assert figures(desc)["accepted"] > 0
-    stream = client.chat.completions.create(model=model, messages=COPY, temperature=0,
-                                            max_tokens=96, stream=True)
-    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == full
+    for model, (cut, (text, reply, desc), streamed) in zip(("ngram", "draft"), runs,
+                                                           strict=True):
+        for n, (got, got_reply, _), (want, want_reply, _) in zip(CUTS, cut, plain_cut,
+                                                                 strict=True):
+            assert got == want and got_reply.usage.completion_tokens == n == \
+                want_reply.usage.completion_tokens, (model, n)
+            assert got_reply.choices[0].finish_reason == "length"
+        assert text == full[:full.index(stop)] and reply.choices[0].finish_reason == "stop"
+        assert figures(desc)["accepted"] > 0
+        assert streamed == full, model
 
 
-@pytest.mark.parametrize("model", ["ngram", "draft"])
-def test_ignore_eos_runs_past_where_a_draft_would_end(client: openai.OpenAI,
-                                                      model: str) -> None:
+def test_ignore_eos_runs_past_where_a_draft_would_end(client: openai.OpenAI) -> None:
     # The passage's end is followed by <|im_end|> in the prompt, so drafts propose the end
     # of generation there; with ignore_eos it must be rejected, not emitted.
-    plain = chat(client, "plain", COPY, max_tokens=110, extra_body={"ignore_eos": True})
-    got = chat(client, model, COPY, max_tokens=110, extra_body={"ignore_eos": True})
-    assert got[0] == plain[0] and got[1].usage.completion_tokens == 110
-    ended = chat(client, "plain", COPY, max_tokens=110)[1].usage.completion_tokens
+    ignore: Any = {"max_tokens": 110, "extra_body": {"ignore_eos": True}}
+
+    def plain() -> tuple[Any, int]:
+        return (chat(client, "plain", COPY, **ignore),
+                chat(client, "plain", COPY, max_tokens=110)[1].usage.completion_tokens)
+
+    (want, ended), *got = at_once(plain, lambda: chat(client, "ngram", COPY, **ignore),
+                                  lambda: chat(client, "draft", COPY, **ignore))
     assert ended < 110  # without ignore_eos the answer ends sooner
-    least = chat(client, model, COPY, max_tokens=110, extra_body={"min_tokens": ended + 5})
-    want = chat(client, "plain", COPY, max_tokens=110, extra_body={"min_tokens": ended + 5})
-    assert least[0] == want[0] and least[1].usage.completion_tokens >= ended + 5
+    for g in got:
+        assert g[0] == want[0] and g[1].usage.completion_tokens == 110
+    least: Any = {"max_tokens": 110, "extra_body": {"min_tokens": ended + 5}}
+    want, *got = at_once(*(lambda m=m: chat(client, m, COPY, **least)
+                           for m in ("plain", "ngram", "draft")))
+    for g in got:
+        assert g[0] == want[0] and g[1].usage.completion_tokens >= ended + 5
 
 
 def test_sampled_requests_do_not_speculate_and_still_repeat(client: openai.OpenAI) -> None:
     kw: Any = {"temperature": 0.8, "top_p": 0.95, "seed": 42, "max_tokens": 40}
-    first = chat(client, "ngram", COPY, **kw)
-    second = chat(client, "ngram", COPY, **kw)
+    (first, second), without = at_once(
+        lambda: (chat(client, "ngram", COPY, **kw), chat(client, "ngram", COPY, **kw)),
+        lambda: chat(client, "plain", COPY, **kw))
     assert first[2] == "off sampled" and first[0] == second[0]
-    assert chat(client, "plain", COPY, **kw)[0] == first[0]  # the same draws as without it
+    assert without[0] == first[0]  # the same draws as without it
 
 
 def test_a_long_prompts_text_does_not_depend_on_what_else_runs(client: openai.OpenAI) -> None:
@@ -226,13 +265,18 @@ def test_a_long_prompts_text_does_not_depend_on_what_else_runs(client: openai.Op
     jobs = [[{"role": "system", "content": "You repeat text exactly."},
              {"role": "user", "content": f"Repeat this passage word for word:\n\n{p}"}]
             for p in PASSAGES[:6]]
-    # With n-gram speculation (its draft rows ride in the same steps as others' prefill
-    # pieces); plain decoding's answers alone are those of the other tests.
-    alone = [chat(client, "ngram", job, max_tokens=64)[0] for job in jobs]
-    with ThreadPoolExecutor(6) as pool:  # more than the 4 slots: they join mid-flight
-        together = list(pool.map(
-            lambda job: chat(client, "ngram", job, max_tokens=64)[0], jobs))
-    assert together == alone
+
+    def together() -> list[str]:
+        with ThreadPoolExecutor(6) as pool:  # more than the 4 slots: they join mid-flight
+            return list(pool.map(lambda job: chat(client, "ngram", job, max_tokens=64)[0],
+                                 jobs))
+
+    # Together with n-gram speculation (its draft rows ride in the same steps as others'
+    # prefill pieces), against each alone on the plain model, meanwhile (the speculating
+    # model's text equals the plain model's: the tests above).
+    alone, mixed = at_once(lambda: [chat(client, "plain", job, max_tokens=64)[0]
+                                    for job in jobs], together)
+    assert mixed == alone
 
 
 PASSAGES = [  # (as in benchmarks/speculative.py)

@@ -82,9 +82,15 @@ def make_engine(**options: Any) -> OcrEngine:
 
 
 @pytest.fixture(scope="module")
-def reference() -> dict[str, Any]:
-    ref = RapidOCR()
-    return {name: ref((IMAGES / name).read_bytes())[0] for name in NAMES}
+def rapidocr() -> Any:
+    """One RapidOCR for the module, called without keyword arguments only (its ``__call__``
+    keeps them as state)."""
+    return RapidOCR()
+
+
+@pytest.fixture(scope="module")
+def reference(rapidocr: Any) -> dict[str, Any]:
+    return {name: rapidocr((IMAGES / name).read_bytes())[0] for name in NAMES}
 
 
 @pytest.fixture(scope="module")
@@ -138,11 +144,11 @@ def test_each_image_equals_rapidocr(engine: OcrEngine, reference: dict[str, Any]
         assert stage in totals, stage
 
 
-def test_blank_image_has_no_lines(engine: OcrEngine) -> None:
+def test_blank_image_has_no_lines(engine: OcrEngine, rapidocr: Any) -> None:
     import cv2
 
     ok, png = cv2.imencode(".png", np.full((120, 300, 3), 255, np.uint8))
-    assert ok and RapidOCR()(png.tobytes())[0] is None
+    assert ok and rapidocr(png.tobytes())[0] is None
     out = submit(engine, png.tobytes()).wait()
     assert out.error is None and out.result == []
     tensors = {name: (dtype, shape) for name, dtype, shape, _ in engine.outputs([[]])}
@@ -175,29 +181,26 @@ def run_concurrently(engine: OcrEngine, names: list[str]) -> list[Outcome]:
 
 
 def test_concurrent_requests_share_batches_and_stay_identical(
-        reference: dict[str, Any]) -> None:
-    engine = make_engine()
-    try:
-        names = ["lines3.png", "lines3.jpg", "eight_lines.png", "photo.jpg", "lines3_upside.png",
-                 "tiny_la.png"]
-        outs = run_concurrently(engine, names)
-        for name, out in zip(names, outs, strict=True):
-            assert out.error is None and out.calls == 1, name
-            assert_same(out.result, reference[name], name)
-        assert engine.multi_request_batches > 0
-        notes = [s.note for o in outs for s in o.clock.spans if s.name in ("cls", "rec")]
-        shared = [n for n in notes if not n.endswith("from 1 request")]
-        assert shared, notes
-        assert any(n.startswith("batch") and "requests" in n for n in shared)
-        assert max(engine.rec_batch_sizes) <= engine.options.rec_max_batch
-        # Waits and runs of one job on the cls/rec thread never overlap.
-        for out in outs:
-            spans = sorted((s.start_ns, s.end_ns) for s in out.clock.spans
-                           if s.name in ("cls-wait", "cls", "rec-wait", "rec"))
-            assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans))
-    finally:
-        engine.stop()
-        engine.close()
+        engine: OcrEngine, reference: dict[str, Any]) -> None:
+    # (the module's engine, warm: run_concurrently puts its workers back)
+    mixed_before = engine.multi_request_batches
+    names = ["lines3.png", "lines3.jpg", "eight_lines.png", "photo.jpg", "lines3_upside.png",
+             "tiny_la.png"]
+    outs = run_concurrently(engine, names)
+    for name, out in zip(names, outs, strict=True):
+        assert out.error is None and out.calls == 1, name
+        assert_same(out.result, reference[name], name)
+    assert engine.multi_request_batches > mixed_before
+    notes = [s.note for o in outs for s in o.clock.spans if s.name in ("cls", "rec")]
+    shared = [n for n in notes if not n.endswith("from 1 request")]
+    assert shared, notes
+    assert any(n.startswith("batch") and "requests" in n for n in shared)
+    assert max(engine.rec_batch_sizes) <= engine.options.rec_max_batch
+    # Waits and runs of one job on the cls/rec thread never overlap.
+    for out in outs:
+        spans = sorted((s.start_ns, s.end_ns) for s in out.clock.spans
+                       if s.name in ("cls-wait", "cls", "rec-wait", "rec"))
+        assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans))
 
 
 @pytest.mark.parametrize("budget", [2560, 0])  # 0: rapidocr's own chunks, unsplit
