@@ -227,6 +227,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from sokuji.plan import report
 
     argv = list(sys.argv[2:] if argv is None else argv)
+    if argv[:1] == ["--ray"]:  # the 1-100 replica model on Ray Serve (plan/scaleout.py)
+        from sokuji.plan import scaleout
+
+        return scaleout.main(argv[1:])
     args = parser().parse_args(argv)
     err = Console(stderr=True)
     try:
