@@ -12,7 +12,7 @@ from sokuji import config as cfg
 from sokuji.models.repository import ModelRepository
 from sokuji.observability.metrics import Metrics
 from sokuji.server.app import create_app
-from tests.integration.ray_cluster import ray_head  # noqa: F401 (one Ray cluster a session)
+from tests.integration.ray_cluster import ray_head, stop_unless_needed  # noqa: F401
 
 ROOT = Path(__file__).resolve().parent.parent
 # One export of the built-in model per checkout, shared by every test run (it takes seconds).
@@ -50,3 +50,8 @@ def minilm_config() -> cfg.ServerConfig:
 def minilm(minilm_config: cfg.ServerConfig) -> Iterator[TestClient]:
     with client_for(minilm_config) as client:
         yield client
+
+
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """The Ray tests' cluster stops as soon as the next test does not use it."""
+    stop_unless_needed(item, nextitem)

@@ -1,6 +1,7 @@
 """A Ray cluster for the Ray Serve tests, and the real ``sokuji serve --ray`` on it.
 
-One cluster per test session (``ray_head``), started only when a test asks for it: ``ray
+One cluster for the Ray tests (``ray_head``), started when the first asks for it, stopped
+when the next test does not need it (conftest's teardown hook): ``ray
 start --head --block`` in Ray Serve's high-throughput mode (HAProxy + direct ingress), with
 short timers (draining, autoscaling metric pushes) and everything it writes under one short
 temporary directory: its session, HAProxy's files, the auth token, ``HOME``. Its ports are
@@ -25,6 +26,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 
@@ -82,40 +84,80 @@ def ray_env(base: Path) -> dict[str, str]:
     return env
 
 
-@pytest.fixture(scope="session")
-def ray_head() -> Iterator[RayHead]:
-    pytest.importorskip("ray.serve", reason="the ray extra is not installed")
-    base = Path(tempfile.mkdtemp(prefix="skr", dir="/tmp"))  # short: HAProxy's socket path
-    env = {**os.environ, **ray_env(base)}
-    gcs, client, agent, http = free_ports(4)
-    (base / "rt").mkdir()
-    log = (base / "head.log").open("wb")
-    head = subprocess.Popen(
-        [str(RAY_BIN), "start", "--head", "--block", f"--port={gcs}",
-         f"--ray-client-server-port={client}", f"--dashboard-agent-listen-port={agent}",
-         "--num-cpus=2", f"--temp-dir={base / 'rt'}", "--include-dashboard=false",
-         "--disable-usage-stats"], env=env, stdout=log, stderr=subprocess.STDOUT,
-        start_new_session=True)
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if head.poll() is not None:
-                raise RuntimeError(f"ray start exited: {(base / 'head.log').read_text()[-2000:]}")
-            if "Ray runtime started" in (base / "head.log").read_text(errors="replace"):
-                break
-            time.sleep(0.2)
-        yield RayHead(f"127.0.0.1:{gcs}", env, http, base)
-    finally:
+class _Cluster:
+    """The session's cluster: started by the first test that asks, stopped as soon as the
+    next test does not need it (``stop_unless_needed``, from conftest's teardown hook), so
+    its processes (~1.5 GB, ~0.1 core) never run beside the rest of the suite."""
+
+    def __init__(self) -> None:
+        self.head: RayHead | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def get(self) -> RayHead:
+        if self.head is None:
+            self.head, self.proc = _start()
+        return self.head
+
+    def stop(self) -> None:
+        if self.head is None or self.proc is None:
+            return
+        base, proc = self.head.base, self.proc
+        self.head = self.proc = None
         # A test cluster needs no graceful stop (``ray start``'s SIGTERM drains for up to
         # 30 s while Serve runs): every process that carries its directory is killed.
         with suppress(ProcessLookupError):
-            os.killpg(head.pid, signal.SIGKILL)
-        head.wait()
-        log.close()
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
         for pid in RayHead("", {}, 0, base).our_pids(""):  # its actors, HAProxy
             with suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         shutil.rmtree(base, ignore_errors=True)
+
+
+CLUSTER = _Cluster()
+
+
+def stop_unless_needed(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    if "ray_head" in getattr(item, "fixturenames", ()) and (
+            nextitem is None or "ray_head" not in getattr(nextitem, "fixturenames", ())):
+        CLUSTER.stop()
+
+
+class _Live:
+    """The running cluster, started on first use (module fixtures may hold it)."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(CLUSTER.get(), name)
+
+
+@pytest.fixture(scope="session")
+def ray_head() -> RayHead:
+    pytest.importorskip("ray.serve", reason="the ray extra is not installed")
+    return cast(RayHead, _Live())
+
+
+def _start() -> tuple[RayHead, subprocess.Popen[bytes]]:
+    base = Path(tempfile.mkdtemp(prefix="skr", dir="/tmp"))  # short: HAProxy's socket path
+    env = {**os.environ, **ray_env(base)}
+    gcs, client, agent, http = free_ports(4)
+    (base / "rt").mkdir()
+    with (base / "head.log").open("wb") as log:
+        head = subprocess.Popen(
+            [str(RAY_BIN), "start", "--head", "--block", f"--port={gcs}",
+             f"--ray-client-server-port={client}", f"--dashboard-agent-listen-port={agent}",
+             "--num-cpus=2", f"--temp-dir={base / 'rt'}", "--include-dashboard=false",
+             "--disable-usage-stats"], env=env, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        text = (base / "head.log").read_text(errors="replace")
+        if head.poll() is not None:
+            raise RuntimeError(f"ray start exited: {text[-2000:]}")
+        if "Ray runtime started" in text:
+            return RayHead(f"127.0.0.1:{gcs}", env, http, base), head
+        time.sleep(0.2)
+    os.killpg(head.pid, signal.SIGKILL)
+    raise TimeoutError(f"ray start not up in 60 s: {text[-2000:]}")
 
 
 @dataclass
