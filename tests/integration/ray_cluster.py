@@ -72,9 +72,7 @@ def ray_env(base: Path) -> dict[str, str]:
            "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token), **FAST_PATH,
            "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "0.5",
            "RAY_SERVE_HAPROXY_RETRY_ON": "conn-failure empty-response",
-           "RAY_SERVE_HAPROXY_RETRIES": "2",
-           "RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "0.5",
-           "RAY_SERVE_HANDLE_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "0.5"}
+           "RAY_SERVE_HAPROXY_RETRIES": "2"}
     haproxy = base / "h"
     haproxy.mkdir(exist_ok=True)
     for var, name in HAPROXY_FILES.items():
