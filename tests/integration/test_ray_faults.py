@@ -193,14 +193,14 @@ class TestReplicaKilled:
             killed = time.monotonic()
             # Load goes on until the survivor alone has served a good while after the kill.
             until("answering after the kill", lambda: sum(
-                1 for a in list(load.answers) if a.sent > killed + 1.0) >= 40, 60, 0.05)
+                1 for a in list(load.answers) if a.sent > killed + 2.0) >= 40, 60, 0.05)
         answers = load.answers
         lost = [a for a in answers if a.status != 200]
         assert all(a.status in (500, "RemoteDisconnected", "ConnectionResetError",
                                 "BadStatusLine") for a in lost), lost  # never Sokuji's
         assert len(lost) <= clients // 2 + 1, lost  # the dead replica's share, at most
-        assert all(a.sent < killed + 0.5 and a.sent + a.took > killed for a in lost), lost
-        later = [a for a in answers if a.sent > killed + 0.5]
+        assert all(a.sent < killed + 2.0 and a.sent + a.took > killed for a in lost), lost
+        later = [a for a in answers if a.sent > killed + 2.0]
         assert later and all(a.status == 200 for a in later)  # nothing after is lost
         assert max(a.took for a in answers) < DEADLINE_MS / 1000  # resent within deadline
         # Serve replaces the dead replica: a new process, and a new replica answering.
