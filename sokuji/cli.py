@@ -73,8 +73,8 @@ def _serve(args: argparse.Namespace) -> int:
 
     import uvicorn
 
-    from sokuji.models.repository import ModelRepository
     from sokuji.observability.metrics import Metrics
+    from sokuji.repository.models import ModelRepository
     from sokuji.server.app import create_app
 
     config = cfg.load(args.config, overrides={

@@ -29,21 +29,20 @@ by ``validate``. ``msgspec.structs.replace`` copies one with changes.
 
 from __future__ import annotations
 
-import enum
 import os
 import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args, get_origin, get_type_hints
+from typing import Annotated, Any, Literal
 
 import msgspec
-from msgspec import Meta, Struct, field
+from msgspec import Meta, field
 
+from sokuji import config_errors
 from sokuji.config_ops import SloConfig, TracingConfig
 from sokuji.config_scale import RayConfig
 from sokuji.config_types import (
-    RUNTIMES,
     AtLeast1,
     BatchPolicy,
     Hosts,
@@ -57,6 +56,7 @@ from sokuji.config_types import (
     _why,
 )
 from sokuji.errors import ConfigError
+from sokuji.repository import registry
 
 ENV_PREFIX = "SOKUJI_"
 DEFAULT_MODEL_NAME = "minilm"
@@ -65,17 +65,17 @@ DEFAULT_OCR_NAME = "ocr"
 DEFAULT_VAD_NAME = "vad"
 
 
-__all__ = ["RUNTIMES", "BatchPolicy", "ModelConfig", "ServerConfig", "SloConfig",
+__all__ = ["BatchPolicy", "ModelConfig", "ServerConfig", "SloConfig",
            "TracingConfig", "load"]
 
 
 class ModelConfig(_Table, frozen=True):
     name: Annotated[str, _why("must be non-empty, without '/'", pattern=r"\A[^/]+\Z")]
     runtime: Runtime = "onnx"
-    """onnx (a text encoder), synthetic, llama (GGUF), ocr (PP-OCR: images -> text lines),
-    vad (silero-vad: audio -> speech segments), classifier (labels by nearest centroid over
-    an encoder), upstream (another server), router (one of other models per request:
-    ``sokuji/routing``)."""
+    """The kind of model (``repository/registry.py``): onnx (a text encoder), synthetic, llama
+    (GGUF), ocr (PP-OCR: images -> text lines), vad (silero-vad: audio -> speech segments),
+    classifier (labels by nearest centroid over an encoder), upstream (another server), router
+    (one of other models per request), or a kind a plug-in registers."""
     path: str | None = None
     """ONNX file (runtime onnx). None for the built-in ``minilm``: exported into the cache."""
     tokenizer: str | None = None
@@ -104,7 +104,7 @@ class ModelConfig(_Table, frozen=True):
     cache: bool = True
     """Cache this model's responses (the server-wide [cache] must be enabled too)."""
     options: Mapping[str, Any] = field(default_factory=dict)
-    """Runtime-specific options, validated by the runtime at load."""
+    """The kind's own options: checked against its schema when the config loads."""
     max_request_bytes: Annotated[int, Meta(ge=1024)] | None = None
     """This model's request body limit; None: the server's ``max_request_bytes``. Media
     models (images, audio files) need more than text models."""
@@ -183,7 +183,7 @@ class PipelineConfig(_Table, frozen=True):
         return ModelConfig(name=self.name, runtime="pipeline", version=self.version,
                            max_batch_size=1, max_queue_depth=self.max_concurrency or 1024,
                            default_timeout_ms=self.default_timeout_ms, cache=self.cache,
-                           warmup=False)
+                           warmup=False, options={"pipeline": self})
 
 
 class ApiKey(_Table, frozen=True):
@@ -357,148 +357,31 @@ def _convert(raw: dict[str, Any], names: Mapping[str, str]) -> ServerConfig:
     try:
         return msgspec.convert(raw, ServerConfig, strict=False)
     except msgspec.ValidationError as exc:
-        raise _error(str(exc), raw, names) from None
-
-
-_AT = re.compile(r"(?s)(.*?)(?: - at `\$(.*)`)?")
-_PART = re.compile(r"\.([^.\[]+)|\[(\d+)\]")
-_FIELD = re.compile(r"Object (contains unknown|missing required) field `(.+)`")
-_BOUND = re.compile(r"Expected `\w+` (>=|>|<=|<) (\S+)")
-_TYPE = re.compile(r"Expected `(\w+)[^`]*`, got")
-_TYPE_REASONS = {"int": "not a valid integer", "float": "not a valid number",
-                 "bool": "not a valid bool", "str": "not a string", "object": "must be a table"}
-
-
-def _error(message: str, raw: Any, names: Mapping[str, str]) -> ConfigError:
-    """msgspec's error (``Expected `int` >= 1 - at `$.models[0].max_batch_size```) as a
-    ``ConfigError`` naming the key, the value (masked where it may be a secret) and a reason."""
-    match = _AT.fullmatch(message)
-    text, path = (match[1], match[2] or "") if match else (message, "")
-    parts: list[str | int] = [name or int(index) for name, index in _PART.findall(path)]
-    unknown = _FIELD.match(text)
-    if unknown:
-        parts.append(unknown[2])
-    kind = _annotation(parts)
-    if parts and isinstance(parts[-1], int) and not _is_table(kind):
-        parts.pop()  # an item of a list of strings: name the list, as the file does
-        kind = _annotation(parts)
-    if not parts:
-        return ConfigError(f"Config: {text}")
-    value = _lookup(raw, parts)
-    if unknown:
-        reason = "unknown key" if unknown[1] == "contains unknown" else "required key missing"
-    else:
-        reason = _reason(text, kind)
-        value = _typed(value, kind)
-    if isinstance(value, Mapping) or (parts[0] == "api_keys" and (
-            len(parts) == 1 or isinstance(parts[-1], int) or unknown)):
-        value = "..."  # a table, or what may be a key (``kye = ...``), is not echoed
-    key = names[str(parts[0])] if len(parts) == 1 and parts[0] in names else "".join(
-        f"[{p}]" if isinstance(p, int) else f".{p}" for p in parts)[1:]
-    return ConfigError.for_key(key, value, reason)
-
-
-def _reason(text: str, kind: Any) -> str:
-    wrong = _TYPE.match(text)
-    if wrong and wrong[1] in ("int", "float", "bool"):
-        return _TYPE_REASONS[wrong[1]]
-    for meta in getattr(kind, "__metadata__", ()):
-        if isinstance(meta, Meta) and meta.extra and "reason" in meta.extra:
-            return str(meta.extra["reason"])
-    bare = _bare(kind)
-    choices = get_args(bare) if get_origin(bare) is Literal else (
-        tuple(m.value for m in bare) if isinstance(bare, type) and issubclass(bare, enum.Enum)
-        else ())
-    if choices:
-        return (f"must be {choices[0]} or {choices[1]}" if len(choices) == 2
-                else f"must be one of: {', '.join(map(str, choices))}")
-    bound = _BOUND.match(text)
-    if bound:
-        op, limit = bound[1], bound[2]
-        zero = float(limit) == 0
-        return {">=": "must be zero or more" if zero else f"must be at least {limit}",
-                ">": "must be more than zero" if zero else f"must be more than {limit}",
-                "<=": f"must be at most {limit}", "<": f"must be less than {limit}"}[op]
-    if wrong and wrong[1] == "array":
-        return "must be an array of tables" if _is_table(_item(kind)) else "must be a list"
-    if wrong and wrong[1] in _TYPE_REASONS:
-        return _TYPE_REASONS[wrong[1]]
-    return text[:1].lower() + text[1:]
-
-
-def _bare(kind: Any) -> Any:
-    return get_args(kind)[0] if get_origin(kind) is Annotated else kind
-
-
-def _item(kind: Any) -> Any:
-    args = get_args(_bare(kind))
-    return args[0] if args else Any
-
-
-def _is_table(kind: Any) -> bool:
-    bare = _bare(kind)
-    return isinstance(bare, type) and issubclass(bare, Struct)
-
-
-def _annotation(parts: list[str | int]) -> Any:
-    """The declared type (with its ``Meta``) of the value at ``parts``; ``Any`` if none."""
-    kind: Any = ServerConfig
-    for part in parts:
-        if isinstance(part, int):
-            kind = _item(kind)
-        elif _is_table(kind):
-            kind = get_type_hints(_bare(kind), include_extras=True).get(part, Any)
-        else:
-            return Any
-    return kind
-
-
-def _lookup(raw: Any, parts: list[str | int]) -> Any:
-    for part in parts:
-        try:
-            raw = raw[part]
-        except (KeyError, IndexError, TypeError):
-            return None
-    return raw
-
-
-def _typed(value: Any, kind: Any) -> Any:
-    """The value as its field's type would hold it (``-1`` for a float field: ``-1.0``)."""
-    bare = _bare(kind)
-    if bare in (int, float, str, bool):
-        try:
-            return msgspec.convert(value, bare, strict=False)
-        except msgspec.ValidationError:
-            pass
-    return value
+        raise config_errors.translate(str(exc), raw, names, ServerConfig,
+                                      secret_tables=("api_keys",)) from None
 
 
 def _check(config: ServerConfig) -> ServerConfig:
-    """What the schema cannot say: relations between fields, files, network names."""
+    """What the schema cannot say: relations between fields, files, network names; and each
+    model's options, by the kind its ``runtime`` names (``repository/registry.py``)."""
     seen: set[str] = set()
     for i, m in enumerate(config.models):
         at = f"models[{i}]"
-        if m.runtime == "onnx" and m.path is None and m.name != DEFAULT_MODEL_NAME:
-            raise ConfigError.for_key(f"{at}.path", None,
-                                      "an onnx model other than the built-in minilm needs a path")
-        if m.variant != "fp32" and m.runtime != "onnx":
-            raise ConfigError.for_key(f"{at}.variant", m.variant, "variants are for onnx models")
-        if m.path is not None and m.runtime in ("onnx", "llama") and not Path(m.path).is_file():
-            raise ConfigError.for_key(f"{at}.path", m.path, "no such file")
+        kind = registry.get(m.runtime, f"{at}.runtime")
+        kind.check(m, kind.parse(m, at), at, config)
         if m.name in seen:
             raise ConfigError.for_key(f"{at}.name", m.name, "duplicate model name")
         seen.add(m.name)
-    _check_routing(config)
-    models = set(seen)
+    _check_semantic_caches(config)
     for i, p in enumerate(config.pipelines):
         if p.name in seen:
             raise ConfigError.for_key(f"pipelines[{i}].name", p.name,
                                       "a model or pipeline of that name exists")
         seen.add(p.name)
     for i, p in enumerate(config.pipelines):
-        from sokuji.pipelines.graph import check_pipeline
-
-        check_pipeline(p, f"pipelines[{i}]", models)
+        m = p.as_model()
+        kind = registry.get(m.runtime, f"pipelines[{i}]")
+        kind.check(m, kind.parse(m, f"pipelines[{i}]"), f"pipelines[{i}]", config)
     if len({k.key for k in config.api_keys}) != len(config.api_keys):
         raise ConfigError("Config 'api_keys': the same key is listed twice", param="api_keys")
     for i, k in enumerate(config.api_keys):
@@ -551,18 +434,14 @@ def _check_hosts(key: str, entries: tuple[str, ...]) -> None:
             raise ConfigError.for_key(key, entry, str(exc)) from None
 
 
-def _check_routing(config: ServerConfig) -> None:
-    """Upstreams' and routers' options, and semantic caches (``routing/config.py``: pure)."""
-    if not any(m.runtime in ("upstream", "router") or m.semantic_cache for m in config.models):
+def _check_semantic_caches(config: ServerConfig) -> None:
+    """Semantic caches (``routing/config.py``: pure): their embedder is a configured model."""
+    if not any(m.semantic_cache for m in config.models):
         return
     from sokuji.routing import config as routing
 
     runtimes = {m.name: m.runtime for m in config.models}
     for i, m in enumerate(config.models):
-        at = f"models[{i}]"
-        if m.runtime == "upstream":
-            routing.parse_upstream(m.options, f"{at}.options")
-        elif m.runtime == "router":
-            routing.parse_router(m.options, f"{at}.options", runtimes)
         if m.semantic_cache:
-            routing.parse_semantic_cache(m.semantic_cache, f"{at}.semantic_cache", runtimes)
+            routing.parse_semantic_cache(m.semantic_cache, f"models[{i}].semantic_cache",
+                                         runtimes)

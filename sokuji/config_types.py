@@ -8,8 +8,6 @@ from typing import Annotated, Any, Literal
 
 from msgspec import Meta, Struct
 
-RUNTIMES = ("onnx", "synthetic", "llama", "ocr", "vad", "classifier", "upstream", "router")
-
 
 class BatchPolicy(enum.StrEnum):
     LENGTH = "length"
@@ -29,8 +27,9 @@ Secret = Annotated[str, _why("must be a string, empty or of at least 16 characte
                              pattern=r"\A(?s:.{16,})?\Z")]
 Hosts = Annotated[tuple[str, ...], _why("must be a list of hosts or CIDR networks")]
 Priority = Literal["interactive", "batch"]
-Runtime = Annotated[str, _why(f"must be one of: {', '.join(RUNTIMES)}",
-                              pattern=rf"\A({'|'.join(RUNTIMES)})\Z")]
+Runtime = Annotated[str, _why("must be a kind's name (onnx, llama, ...)",
+                              pattern=r"\A[A-Za-z0-9_.-]{1,64}\Z")]
+"""A kind's name; which names exist is the registry's (``repository/registry.py``)."""
 
 
 class _Table(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

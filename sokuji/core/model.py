@@ -21,7 +21,7 @@ be matched. Codecs only translate protocols to and from these calls.
 from __future__ import annotations
 
 import enum
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -164,6 +164,15 @@ class ServedModel(Protocol):
         compute the request before returning (an encoder's lone request at an idle model:
         ``core/inline.py``); the handle's ``result()`` is then ready at once."""
 
+    def attach(self, observers: Any) -> None:
+        """Connect what the model reports beyond the Timeline to the server's observers
+        (``observability/observers.py``: an engine's gauges, a pipeline's step times, a
+        router's breakers); called once, before ``start``."""
+
+    def neighbours(self, busy: Callable[[], bool]) -> None:
+        """Told how to ask whether the other models of the server have work in flight (an
+        encoder runs a lone request on the event loop only while they have none)."""
+
     def start(self) -> None:
         """Start its threads; call from the event loop that will submit."""
 
@@ -172,3 +181,13 @@ class ServedModel(Protocol):
 
     def close(self) -> None:
         """Free the weights (after ``stop``)."""
+
+
+class ModelBase:
+    """Defaults for the contract's optional verbs: a kind's served model may inherit them."""
+
+    def attach(self, observers: Any) -> None:
+        """Nothing to report beyond the Timeline."""
+
+    def neighbours(self, busy: Callable[[], bool]) -> None:
+        """Nothing runs on the event loop."""

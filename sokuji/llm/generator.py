@@ -14,10 +14,18 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from typing import Any
 
 from sokuji.config import ModelConfig
 from sokuji.core import offload
-from sokuji.core.model import Capacity, GenerationInput, ModelKind, ModelMetadata, RequestContext
+from sokuji.core.model import (
+    Capacity,
+    GenerationInput,
+    ModelBase,
+    ModelKind,
+    ModelMetadata,
+    RequestContext,
+)
 from sokuji.llm.engine import GenerationEngine
 from sokuji.llm.request import GenerationRequest, SamplingParams, Timing
 from sokuji.llm.runtime import LlamaRuntime
@@ -48,7 +56,7 @@ def _size(inputs: GenerationInput) -> int:
     return len(inputs.prompt) if inputs.prompt is not None else 0
 
 
-class GeneratorModel:
+class GeneratorModel(ModelBase):
     kind = ModelKind.GENERATOR
 
     def __init__(self, config: ModelConfig, runtime: LlamaRuntime) -> None:
@@ -107,6 +115,12 @@ class GeneratorModel:
                                 tenant=ctx.tenant, timing=timing)
         self.engine.submit(gen)
         return gen
+
+    def attach(self, observers: Any) -> None:
+        observers.generation_engine(self.name, self.engine)
+        queue = self.engine.queue
+        if queue.slo:  # how many requests admission by time refused
+            observers.time_refusals(self.name, lambda: int(queue.refused))
 
     def start(self) -> None:
         self.engine.start()

@@ -27,7 +27,7 @@ from typing import Any
 
 from sokuji.config import ModelConfig
 from sokuji.core import offload, timing
-from sokuji.core.model import Capacity, ModelKind, ModelMetadata, RequestContext
+from sokuji.core.model import Capacity, ModelBase, ModelKind, ModelMetadata, RequestContext
 from sokuji.core.policy import Admission, DrainRate, check_deadline
 from sokuji.core.request import Stage, Timeline
 from sokuji.errors import ModelNotReady, RuntimeFailed, SokujiError
@@ -126,7 +126,7 @@ def _first_run(job: MediaJob) -> int | None:
     return min(starts) if starts else None
 
 
-class MediaModel:
+class MediaModel(ModelBase):
     kind = ModelKind.MEDIA
 
     def __init__(self, config: ModelConfig, engine: MediaEngine) -> None:

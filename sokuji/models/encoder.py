@@ -13,10 +13,20 @@ ONNX, synthetic) and its dynamic batcher.
 
 from __future__ import annotations
 
-from sokuji.config import ModelConfig
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from sokuji.config import ModelConfig, SloConfig
 from sokuji.core import offload
-from sokuji.core.batcher import DynamicBatcher
-from sokuji.core.model import Capacity, ModelKind, ModelMetadata, RequestContext, Submission
+from sokuji.core.batcher import BatcherConfig, BatchInfo, DynamicBatcher
+from sokuji.core.model import (
+    Capacity,
+    ModelBase,
+    ModelKind,
+    ModelMetadata,
+    RequestContext,
+    Submission,
+)
 from sokuji.core.request import InferenceRequest, Prepared, Timeline
 from sokuji.runtimes.base import Runtime
 
@@ -28,7 +38,7 @@ up other requests. Each text's own cost is bounded by the runtime, which reads a
 as far as its model does (``runtimes/onnx.py``)."""
 
 
-class EncoderModel:
+class EncoderModel(ModelBase):
     kind = ModelKind.ENCODER
 
     def __init__(self, config: ModelConfig, runtime: Runtime, batcher: DynamicBatcher) -> None:
@@ -36,6 +46,18 @@ class EncoderModel:
         self.runtime = runtime
         self.batcher = batcher
         self.metadata: ModelMetadata = runtime.describe()
+
+    @classmethod
+    def over(cls, runtime: Runtime, config: ModelConfig, tenant_slos: Iterable[SloConfig],
+             metric_name: str,
+             on_batch: Callable[[str], Callable[[BatchInfo], None]] | None = None
+             ) -> EncoderModel:
+        """A loaded ``runtime`` under a batcher of its own, named ``metric_name`` (a variant:
+        ``name@variant``) in metrics and statistics."""
+        batcher = DynamicBatcher(metric_name, runtime.run_batch,
+                                 BatcherConfig.from_model(config, tenant_slos),
+                                 on_batch=on_batch(metric_name) if on_batch else None)
+        return cls(config, runtime, batcher)
 
     @property
     def name(self) -> str:
@@ -69,6 +91,16 @@ class EncoderModel:
             model=self.batcher.name, payload=prepared, num_items=prepared.num_items,
             length=prepared.length, timeline=tl, request_id=ctx.request_id,
             priority=ctx.priority, deadline_ns=ctx.deadline_ns, tenant=ctx.tenant))
+
+    def attach(self, observers: Any) -> None:
+        by_time = self.batcher.by_time
+        if by_time is not None:  # how many requests admission by time refused
+            observers.time_refusals(self.name, lambda: int(by_time.refused))
+
+    def neighbours(self, busy: Callable[[], bool]) -> None:
+        # A lone request may run on the event loop only while the other models have nothing
+        # in flight: their replies (tokens) would wait for it.
+        self.batcher.gate.others_busy = busy
 
     def start(self) -> None:
         self.batcher.start()

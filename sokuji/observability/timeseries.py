@@ -40,8 +40,8 @@ from sokuji.core.request import STAGES
 
 if TYPE_CHECKING:
     from sokuji.llm.request import Timing
-    from sokuji.models.repository import Model
     from sokuji.observability.metrics import Metrics
+    from sokuji.repository.models import Model
 
 log = logging.getLogger(__name__)
 

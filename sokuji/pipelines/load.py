@@ -13,7 +13,7 @@ repository (``feature_store.yaml``), applied and materialized by its owner.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -30,17 +30,18 @@ log = logging.getLogger(__name__)
 EMBED_BATCH = 32
 
 
-def load_pipelines(pipelines: Sequence[PipelineConfig], config: ServerConfig,
-                   models: dict[str, ServedModel]) -> list[tuple[PipelineConfig, PipelineModel]]:
-    res = Resources(models=dict(models), cache_dir=config.cache_dir,
-                    open_index=lambda name, enc: open_index(name, enc, config.cache_dir),
-                    open_store=lambda name: open_store(name, config))
-    out = []
-    for i, pc in enumerate(pipelines):
-        at = f"pipelines[{i}]" if i < len(config.pipelines) else f"built-in pipeline {pc.name}"
-        graph = check_pipeline(pc, at, set(models))
-        out.append((pc, PipelineModel(graph, res, at)))
-    return out
+def load_pipeline(pc: PipelineConfig, at: str, config: ServerConfig,
+                  models: Mapping[str, ServedModel], shared: dict[str, Any]) -> PipelineModel:
+    """One pipeline over the models built before it. ``shared``: the steps' resources
+    (indexes, feature stores, opened once), kept for the pipelines built after it."""
+    res = shared.get("resources")
+    if res is None:
+        res = shared["resources"] = Resources(
+            models=dict(models), cache_dir=config.cache_dir,
+            open_index=lambda name, enc: open_index(name, enc, config.cache_dir),
+            open_store=lambda name: open_store(name, config))
+    graph = check_pipeline(pc, at, set(res.models))
+    return PipelineModel(graph, res, at)
 
 
 def _embedder(encoder: ServedModel | None) -> Any:

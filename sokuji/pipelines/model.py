@@ -27,6 +27,7 @@ from sokuji.core import timing
 from sokuji.core.model import (
     Capacity,
     GenerationInput,
+    ModelBase,
     ModelKind,
     ModelMetadata,
     RequestContext,
@@ -47,7 +48,7 @@ class PreparedPipeline:
     inputs: dict[str, Any]
 
 
-class PipelineModel:
+class PipelineModel(ModelBase):
     kind = ModelKind.PIPELINE
 
     def __init__(self, graph: Graph, res: Resources, at: str) -> None:
@@ -92,6 +93,9 @@ class PipelineModel:
     def capacity(self) -> Capacity:
         return Capacity(ready=self.alive, num_waiting=0, num_running=self.in_flight,
                         max_queue_depth=self.config.max_concurrency, drain_per_s=0.0)
+
+    def attach(self, observers: Any) -> None:
+        self.on_done = observers.pipeline_done()  # step times (and spans, when traced)
 
     def check_admission(self) -> None:
         limit = self.config.max_concurrency

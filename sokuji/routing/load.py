@@ -86,4 +86,5 @@ def load_router(mc: ModelConfig, at: str, config: ServerConfig,
         router.shadow = Shadow(mc.name, shadow_target, opts.shadow.fraction, labels,
                                on_result=hooks.on_shadow)
     hooks.routers[mc.name] = router
+    router.hooks = hooks
     return router

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from sokuji.config import ModelConfig
-from sokuji.core.model import Capacity, ModelKind, ModelMetadata, RequestContext
+from sokuji.core.model import Capacity, ModelBase, ModelKind, ModelMetadata, RequestContext
 from sokuji.errors import ConfigError, InvalidInput, Overloaded, RouteUnavailable
 from sokuji.routing.attempts import Attempts, RouteInfo, Target
 from sokuji.routing.config import RouterOptions, Rule
@@ -72,7 +72,7 @@ def read_threshold(cache_dir: str | Path, router: str, at: str) -> float:
                           param=f"{at}.threshold") from None
 
 
-class RouterModel:
+class RouterModel(ModelBase):
     def __init__(self, config: ModelConfig, options: RouterOptions,
                  targets: Mapping[str, Target], threshold: float | None = None,
                  at: str = "models[]") -> None:
@@ -83,6 +83,8 @@ class RouterModel:
         self.on_route: OnRoute | None = None
         self.started = False
         self.in_flight = 0
+        self.hooks: Any = None
+        """The repository's routing hooks (``routing/load.py``), set when it is built."""
         self.canary: Any = None
         """``canary.CanaryController`` for a canary router."""
         self.shadow: Any = None
@@ -113,6 +115,10 @@ class RouterModel:
                         num_running=self.in_flight,
                         max_queue_depth=self.config.max_queue_depth,
                         drain_per_s=sum(c.drain_per_s for c in caps))
+
+    def attach(self, observers: Any) -> None:
+        if self.hooks is not None:
+            observers.routing(self.hooks)  # routes, breakers, canary, shadow
 
     def check_admission(self) -> None:
         """429 before the body is read only when every target a request could go to first

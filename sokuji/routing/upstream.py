@@ -40,6 +40,7 @@ from sokuji.core import policy
 from sokuji.core.model import (
     Capacity,
     GenerationInput,
+    ModelBase,
     ModelKind,
     ModelMetadata,
     RequestContext,
@@ -123,7 +124,7 @@ class UpstreamCall:
         self._task.cancel()
 
 
-class UpstreamModel:
+class UpstreamModel(ModelBase):
     def __init__(self, config: ModelConfig, options: UpstreamOptions) -> None:
         self.config = config
         self.options = options
@@ -146,6 +147,9 @@ class UpstreamModel:
     @property
     def name(self) -> str:
         return self.config.name
+
+    def attach(self, observers: Any) -> None:
+        self.on_attempt = observers.upstream_attempt
 
     @property
     def on_attempt(self) -> OnAttempt | None:

@@ -66,8 +66,8 @@ class SokujiReplica:
 
     def __init__(self, config: Mapping[str, Any],
                  llm: Mapping[str, Any] | None = None) -> None:
-        from sokuji.models.repository import ModelRepository
         from sokuji.observability.metrics import Metrics
+        from sokuji.repository.models import ModelRepository
 
         self.config = config_from_builtins(config)
         logging.basicConfig(level=self.config.log_level.upper()

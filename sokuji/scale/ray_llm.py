@@ -78,11 +78,11 @@ class LLMReplica:
 
     async def __init__(  # type: ignore[misc]  # (Ray actors may construct asynchronously)
             self, config_builtins: dict[str, Any], model: str) -> None:
-        from sokuji.models.repository import _build_llama
+        from sokuji.kinds.generator.kind import build_generator
         from sokuji.scale.ray_env import config_from_builtins
 
         config = config_from_builtins(config_builtins)
-        self.model: GeneratorModel = _build_llama(config.models[
+        self.model: GeneratorModel = build_generator(config.models[
             [m.name for m in config.models].index(model)], config)
         self.model.start()  # (async: on the replica's loop, where generate() submits)
         self.replica = f"{serve.get_replica_context().replica_id.unique_id}:{os.getpid()}"
@@ -229,6 +229,9 @@ class RemoteGenerator(GeneratorModel):
         self.in_flight = 0
         self.drain = policy.DrainRate(self.slots)
         self.started = False
+
+    def attach(self, observers: Any) -> None:
+        """The engine runs in the LLM replicas (their own metrics)."""
 
     @property
     def alive(self) -> bool:  # (the deployment's health is Serve's: it replaces replicas)

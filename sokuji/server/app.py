@@ -18,13 +18,11 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any
 
 from starlette.applications import Starlette
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sokuji.config import ServerConfig
-from sokuji.core.model import ModelKind
 from sokuji.core.request import Stage, Timeline
 from sokuji.errors import (
     ConfigError,
@@ -33,9 +31,10 @@ from sokuji.errors import (
     ModelNotFound,
     SokujiError,
 )
-from sokuji.models.repository import ModelRepository
 from sokuji.observability import tracing
 from sokuji.observability.metrics import Metrics
+from sokuji.observability.observers import Observers
+from sokuji.repository.models import ModelRepository
 from sokuji.server import backends, llm_api, media_http, semantic, v2
 from sokuji.server.auth import Tenant
 from sokuji.server.control import ControlPlane
@@ -257,18 +256,6 @@ def _operation(style: ErrorStyle) -> str:
     return "embeddings" if style is ErrorStyle.OPENAI else "infer"
 
 
-def _time_refusals(served: Any) -> Callable[[], int] | None:
-    """How many requests a model's admission by time refused (encoders: the batcher's;
-    generators: the engine's waiting room), if it has one."""
-    by_time = getattr(getattr(served, "batcher", None), "by_time", None)
-    if by_time is not None:
-        return lambda: int(by_time.refused)
-    queue = getattr(getattr(served, "engine", None), "queue", None)
-    if queue is not None and getattr(queue, "slo", None):
-        return lambda: int(queue.refused)
-    return None
-
-
 def create_app(config: ServerConfig, repo: ModelRepository,
                metrics: Metrics | None = None) -> SokujiApp:
     """The ASGI app over an already-loaded repository; batchers start with the lifespan."""
@@ -276,25 +263,12 @@ def create_app(config: ServerConfig, repo: ModelRepository,
     tracer = tracing.build(config.tracing)  # None when off (observability/tracing.py)
     slos = {mc.name: mc.slo for mc in config.models if mc.slo is not None}
     metrics.add_slos(slos, config.slos)
+    observers = Observers(metrics, tracer)
     for model in repo.every():
         metrics.add_model(model.metric_name, model.served)
-        refusals = _time_refusals(model.served)
-        if refusals is not None and metrics.slo is not None:
-            metrics.slo.refusals[model.metric_name] = refusals
+        model.served.attach(observers)
         if model.variant and model.primary:
             metrics.variant.labels(model.name, model.variant).set(1)
-    for name, model in repo.models.items():
-        engine = getattr(model.served, "engine", None)  # not routers' nor upstreams'
-        if model.kind is ModelKind.GENERATOR and engine is not None:
-            metrics.llm.add_engine(name, engine)
-        pipe = model.pipeline()
-        if pipe is not None:
-            pipe.on_done = metrics.pipelines.observe if tracer is None \
-                else tracer.pipeline_observer(metrics.pipelines.observe)  # steps as spans
-        if model.config.runtime == "upstream":
-            model.served.on_attempt = metrics.routing.upstream_attempt  # type: ignore[attr-defined]
-    if repo.routing is not None:
-        metrics.routing.connect(repo.routing)
     cache = backends.build_cache(config, metrics)
     inference = Inference(config, repo, metrics, cache)
     for i, mc in enumerate(config.models):

@@ -28,8 +28,8 @@ from starlette.routing import Route
 from sokuji import __version__
 from sokuji.config import ServerConfig
 from sokuji.errors import Forbidden, InvalidInput, SokujiError
-from sokuji.models.repository import Model, ModelRepository
 from sokuji.observability.metrics import CONTENT_TYPE, Metrics
+from sokuji.repository.models import Model, ModelRepository
 from sokuji.server import triton, v2
 from sokuji.server.auth import Authenticator, Tenant
 from sokuji.server.dashboard import Dashboard

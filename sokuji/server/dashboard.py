@@ -24,9 +24,9 @@ from starlette.routing import Route
 
 from sokuji.config import ServerConfig
 from sokuji.errors import Forbidden, InvalidInput
-from sokuji.models.repository import ModelRepository
 from sokuji.observability.metrics import Metrics
 from sokuji.observability.timeseries import Sampler
+from sokuji.repository.models import ModelRepository
 from sokuji.server.auth import Authenticator
 from sokuji.server.http import JSON
 

@@ -17,8 +17,8 @@ from sokuji.core.model import ModelKind, RequestContext
 from sokuji.core.request import Stage, Timeline
 from sokuji.errors import BadRequest, InvalidInput
 from sokuji.models.encoder import EncoderModel
-from sokuji.models.repository import Model, ModelRepository
 from sokuji.observability.metrics import Metrics
+from sokuji.repository.models import Model, ModelRepository
 from sokuji.server import media_http, openai_api, scheduling, semantic, v2
 from sokuji.server.auth import Authenticator, Tenant
 from sokuji.server.http import JSON, Headers, check_content_type, read_body

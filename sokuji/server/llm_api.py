@@ -30,9 +30,9 @@ from sokuji.config import ServerConfig
 from sokuji.core import offload
 from sokuji.errors import SokujiError
 from sokuji.llm.request import Delta, Finish, GenerationHandle
-from sokuji.models.repository import Model, ModelRepository
 from sokuji.observability import tracing
 from sokuji.observability.metrics import Metrics
+from sokuji.repository.models import Model, ModelRepository
 from sokuji.server import llm_codec, scheduling
 from sokuji.server.auth import Tenant
 from sokuji.server.failures import ErrorStyle, error_reply, to_error

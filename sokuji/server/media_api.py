@@ -37,7 +37,7 @@ from sokuji.core.model import RequestContext
 from sokuji.core.request import Stage, Timeline
 from sokuji.errors import BadRequest, InvalidInput, TooManyItems, UnsupportedMediaType
 from sokuji.media.model import MediaModel
-from sokuji.models.repository import Model
+from sokuji.repository.models import Model
 from sokuji.server import v2
 from sokuji.server.http import JSON, Headers
 

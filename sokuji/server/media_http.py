@@ -12,7 +12,7 @@ from sokuji.core import offload
 from sokuji.core.model import ModelKind, RequestContext
 from sokuji.core.request import Stage, Timeline
 from sokuji.errors import BadRequest
-from sokuji.models.repository import Model, ModelRepository
+from sokuji.repository.models import Model, ModelRepository
 from sokuji.server import media_api, media_stream, scheduling, v2
 from sokuji.server.auth import Tenant
 from sokuji.server.http import Headers, read_body

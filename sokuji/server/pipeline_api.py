@@ -26,8 +26,8 @@ from sokuji.core.cache import Entry, ResponseCache, cache_key
 from sokuji.core.model import RequestContext
 from sokuji.core.request import Stage, Timeline
 from sokuji.errors import BadRequest, InvalidInput
-from sokuji.models.repository import Model
 from sokuji.pipelines.model import PipelineModel
+from sokuji.repository.models import Model
 from sokuji.server import v2
 from sokuji.server.http import Headers
 

@@ -21,8 +21,8 @@ from dataclasses import replace
 from typing import Any
 
 from sokuji.core.model import ModelKind
-from sokuji.models.repository import Model
 from sokuji.observability.stats import Duration, StatsSnapshot
+from sokuji.repository.models import Model
 from sokuji.runtimes.base import ModelMetadata, TensorSpec
 
 DATA_TYPES = {"BOOL": "TYPE_BOOL", "UINT8": "TYPE_UINT8", "UINT16": "TYPE_UINT16",

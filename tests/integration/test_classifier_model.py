@@ -13,6 +13,7 @@ import pytest
 from sokuji import config as cfg
 from sokuji.errors import ConfigError
 from sokuji.models import mpnet
+from sokuji.repository import registry
 from sokuji.runtimes.classifier import ClassifierRuntime, predict
 from sokuji.runtimes.onnx import OnnxEncoderRuntime
 from tests.conftest import CACHE_DIR, client_for
@@ -27,8 +28,8 @@ LABELS = ("alarm_set", "balance", "card_lost", "weather")
 
 needs_mpnet = pytest.mark.skipif(not mpnet.is_installed(), reason="all-mpnet-base-v2 parts "
                                  "not installed (make mpnet)")
-needs_wiring = pytest.mark.skipif("classifier" not in cfg.RUNTIMES,
-                                  reason="runtime 'classifier' not in config.RUNTIMES yet")
+needs_wiring = pytest.mark.skipif("classifier" not in registry.names(),
+                                  reason="runtime 'classifier' not registered yet")
 
 
 def model(**options: object) -> cfg.ModelConfig:

@@ -167,7 +167,7 @@ def test_startup_does_not_import_torch_when_the_model_is_cached() -> None:
     code = (
         "import sys\n"
         "from sokuji import config as cfg\n"
-        "from sokuji.models.repository import ModelRepository\n"
+        "from sokuji.repository.models import ModelRepository\n"
         "from sokuji.server.app import create_app\n"
         f"c = cfg.validate(cfg.ServerConfig(cache_dir={str(CACHE_DIR)!r}))\n"
         "create_app(c, ModelRepository.load(c))\n"

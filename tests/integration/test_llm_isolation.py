@@ -21,8 +21,8 @@ import pytest
 from starlette.testclient import TestClient
 
 from sokuji import config as cfg
-from sokuji.models.repository import ModelRepository
 from sokuji.observability.metrics import Metrics
+from sokuji.repository.models import ModelRepository
 from sokuji.server.app import create_app
 from tests.conftest import CACHE_DIR
 from tests.integration.serving import sokuji_server

@@ -17,7 +17,7 @@ from sokuji.core.batcher import BatcherConfig, DynamicBatcher
 from sokuji.core.inline import LoneCosts
 from sokuji.core.request import STAGES, InferenceRequest, Stage, Timeline
 from sokuji.errors import RuntimeFailed
-from sokuji.models.repository import ModelRepository
+from sokuji.repository.models import ModelRepository
 from sokuji.runtimes.base import Prepared
 
 FAR_MS = 60_000.0  # a bound no run here comes near, however busy the machine

@@ -15,9 +15,9 @@ from sokuji import config as cfg
 from sokuji.core.forming import BatchInfo
 from sokuji.core.request import Stage, Timeline
 from sokuji.llm.request import Timing
-from sokuji.models.repository import ModelRepository
 from sokuji.observability.metrics import Metrics
 from sokuji.observability.timeseries import Sampler
+from sokuji.repository.models import ModelRepository
 from tests.conftest import client_for, synthetic_config
 
 MS = 1_000_000

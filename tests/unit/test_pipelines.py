@@ -285,7 +285,7 @@ def test_a_pipeline_is_not_an_encoder_or_a_generator(diamond: TestClient) -> Non
 
 
 async def test_admission_bounds_the_requests_in_flight() -> None:
-    from sokuji.models.repository import ModelRepository
+    from sokuji.repository.models import ModelRepository
 
     Meeting.arrived = {}
     config = server(cfg.PipelineConfig(name="one", steps=DIAMOND[:2], max_concurrency=1,

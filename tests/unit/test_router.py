@@ -201,7 +201,7 @@ def test_targets_must_take_and_return_the_same_tensors() -> None:
     config = _config(_model("a"), cfg.ModelConfig(name="minilm", warmup=False),
                      _router("r", kind="rules", default="a", fallbacks=["minilm"]),
                      cache_dir=str(CACHE_DIR))
-    from sokuji.models.repository import ModelRepository
+    from sokuji.repository.models import ModelRepository
 
     with pytest.raises(ConfigError, match=r"target .minilm.*must take and return the same"):
         ModelRepository.load(config)
@@ -210,7 +210,7 @@ def test_targets_must_take_and_return_the_same_tensors() -> None:
 def test_a_cascade_needs_classifiers() -> None:
     config = _config(_model("a"), _model("b"),
                      _router("r", kind="cascade", targets=["a", "b"], threshold=0.1))
-    from sokuji.models.repository import ModelRepository
+    from sokuji.repository.models import ModelRepository
 
     with pytest.raises(ConfigError, match="a cascade needs two classifiers"):
         ModelRepository.load(config)
@@ -267,13 +267,14 @@ def test_a_router_has_metadata_config_and_statistics_like_a_model() -> None:
 
 
 def test_routers_sharing_a_target_share_its_breaker_and_must_agree_on_it() -> None:
-    from sokuji.models.repository import ModelRepository
+    from sokuji.repository.models import ModelRepository
 
     strict = _router("s", kind="rules", default="a", breaker={"failures": 1})
     plain = _router("p", kind="rules", default="a")
     repo = ModelRepository.load(_config(_model("a"), strict, plain))
-    assert repo.routing is not None
-    assert repo.routing.breakers["a"].opts.failures == 1  # the defaults take the other's
+    hooks = repo.models["s"].served.hooks  # type: ignore[attr-defined]
+    assert hooks is repo.models["p"].served.hooks  # type: ignore[attr-defined]
+    assert hooks.breakers["a"].opts.failures == 1  # the defaults take the other's
     lenient = _router("l", kind="rules", default="a", breaker={"failures": 1000})
     with pytest.raises(ConfigError, match=r"models\[2\].options.breaker.*same breaker table"):
         ModelRepository.load(_config(_model("a"), strict, lenient))

@@ -200,26 +200,25 @@ def test_an_async_submission_with_the_wrong_method_is_a_405_with_allow(synth: Te
 @pytest.fixture
 def with_variants() -> Any:
     """A model serving variant "fp32", with "int8" and "opt" as versions, the way
-    ``repository._load_onnx`` arranges ONNX variants (here over the synthetic runtime)."""
-    from sokuji.models import repository
+    the ``onnx`` kind arranges ONNX variants (here over the synthetic runtime)."""
+    from sokuji.kinds.kind import Built
+    from sokuji.models.encoder import EncoderModel
     from sokuji.observability.metrics import Metrics
+    from sokuji.repository.models import Model, ModelRepository
     from sokuji.runtimes.synthetic import SyntheticRuntime
     from sokuji.server.app import create_app
 
     config = synthetic_config()
     metrics = Metrics()
     mc = config.models[0]
-    models = {}
+    served = {}
     for name in ("fp32", "int8", "opt"):
         runtime = SyntheticRuntime(mc.options)
         runtime.load()
-        model = repository._batched(mc, runtime, metrics.batch_observer,
-                                    "synth" if name == "fp32" else f"synth@{name}")
-        model.variant, model.primary = name, name == "fp32"
-        models[name] = model
-    primary = models.pop("fp32")
-    primary.variants = models
-    repo = repository.ModelRepository({"synth": primary})
+        served[name] = EncoderModel.over(runtime, mc, (), "synth" if name == "fp32"
+                                         else f"synth@{name}", metrics.batch_observer)
+    primary = served.pop("fp32")
+    repo = ModelRepository({"synth": Model.of(mc, Built(primary, "fp32", served))})
     with TestClient(create_app(config, repo, metrics)) as client:
         yield client
 

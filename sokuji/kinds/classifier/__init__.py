@@ -1,0 +1,1 @@
+"""Kind ``classifier``: labels by nearest centroid (or prototype) over a text encoder."""

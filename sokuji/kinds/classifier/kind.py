@@ -1,0 +1,30 @@
+"""Kind ``classifier``: a ``ClassifierRuntime`` (``runtimes/classifier.py``) under an
+``EncoderModel``; its options are checked (files included) when the config loads."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sokuji.config import ModelConfig
+from sokuji.kinds.kind import BuildEnv, Built, Kind
+from sokuji.models.encoder import EncoderModel
+
+
+class ClassifierKind(Kind):
+    def parse(self, model: ModelConfig, at: str) -> Any:
+        from sokuji.runtimes.classifier import parse_options
+
+        return parse_options(model, f"{at}.options")
+
+    def build(self, model: ModelConfig, options: Any, env: BuildEnv) -> Built:
+        from sokuji.runtimes.classifier import ClassifierRuntime
+
+        runtime = ClassifierRuntime(model, env.server)
+        runtime.load()
+        if model.warmup:
+            runtime.warmup()
+        return Built(EncoderModel.over(runtime, model, env.server.slos, model.name,
+                                       env.on_batch))
+
+
+KIND = ClassifierKind()

@@ -1,0 +1,1 @@
+"""Kind ``vad``: silero-vad over audio: speech segments, whole files or streamed."""
