@@ -89,8 +89,8 @@ def test_a_bad_classifier_option_stops_the_start(tmp_path: Path) -> None:
     one = tmp_path / "one.jsonl"
     one.write_text('{"text": "a", "label": "x"}\n{"text": "b", "label": "x"}\n')
     for options, key in (({"scheme": "knn"}, "scheme"), ({"prototypes": str(one)}, "prototypes")):
-        config = cfg.validate(cfg.ServerConfig(models=(model(**options),),
-                                               cache_dir=str(CACHE_DIR), builtin_pipelines=False))
-        with pytest.raises(ConfigError) as err:
-            client_for(config)
+        config = cfg.ServerConfig(models=(model(**options),), cache_dir=str(CACHE_DIR),
+                                  builtin_pipelines=False)
+        with pytest.raises(ConfigError) as err:  # when the config loads, before any build
+            cfg.validate(config)
         assert err.value.param == f"models[0].options.{key}"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sokuji.config import ModelConfig
+from sokuji.config import ModelConfig, ServerConfig
 from sokuji.kinds.kind import BuildEnv, Built, Kind
 from sokuji.models.encoder import EncoderModel
 
@@ -15,6 +15,12 @@ class ClassifierKind(Kind):
         from sokuji.runtimes.classifier import parse_options
 
         return parse_options(model, f"{at}.options")
+
+    def check(self, model: ModelConfig, options: Any, at: str, config: ServerConfig) -> None:
+        from sokuji.runtimes.classifier import load_prototypes
+
+        super().check(model, options, at, config)
+        load_prototypes(options.prototypes, f"{at}.options.prototypes")  # labels, texts
 
     def build(self, model: ModelConfig, options: Any, env: BuildEnv) -> Built:
         from sokuji.runtimes.classifier import ClassifierRuntime
