@@ -262,11 +262,11 @@ class ModelRepository:
 
             pipelines = (*pipelines, *builtin.pipelines(config))
         if pipelines:
-            from sokuji.pipelines.load import load_pipelines
+            from sokuji.pipelines.load import load_pipelines, model_config
 
             for pc, pipe in load_pipelines(pipelines, config, {
                     name: m.served for name, m in repo.models.items()}):
-                repo.models[pc.name] = Model(pc.as_model(), pipe)
+                repo.models[pc.name] = Model(model_config(pc), pipe)
                 log.info("pipeline %s loaded (%d steps)", pc.name, len(pc.steps))
         return repo
 

@@ -26,6 +26,7 @@ from sokuji.llm.request import Finish, Timing
 from sokuji.observability import tracing
 from sokuji.observability.metrics import Metrics
 from sokuji.observability.tracing_spans import SpanSink
+from sokuji.pipelines.config import PipelineConfig, StepConfig
 from sokuji.server import llm_codec
 from tests.conftest import client_for
 
@@ -348,13 +349,13 @@ def twice(text: str) -> str:
 @pytest.fixture(scope="module")
 def app() -> Iterator[tuple[TestClient, Sink]]:
     here = "tests.unit.test_tracing"
-    steps = (cfg.StepConfig(name="up", kind="python", function=f"{here}:upper",
+    steps = (StepConfig(name="up", kind="python", function=f"{here}:upper",
                             inputs={"question": "input.question"}),
-             cfg.StepConfig(name="twice", kind="python", function=f"{here}:twice",
+             StepConfig(name="twice", kind="python", function=f"{here}:twice",
                             inputs={"text": "up"}))
     config = cfg.validate(cfg.ServerConfig(
         models=(cfg.ModelConfig(name="synth", runtime="synthetic", options={"base_ms": 0.0}),),
-        pipelines=(cfg.PipelineConfig(name="shout", steps=steps),), builtin_pipelines=False,
+        pipelines=(PipelineConfig(name="shout", steps=steps),), builtin_pipelines=False,
         tracing=TracingConfig(enabled=True, sample_ratio=1.0),
         cache_dir=tempfile.mkdtemp(prefix="sokuji-test-")))
     with client_for(config) as client:
