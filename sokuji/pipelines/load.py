@@ -83,7 +83,8 @@ def open_index(name: str, encoder: ServedModel | None, cache_dir: str) -> Any:
 
 def open_store(name: str, config: ServerConfig) -> Any:
     """``users``: the built-in store; any other name: the path of a Feast repository."""
-    from sokuji.features.store import FeatureStoreConfig, OnlineFeatures
+    from sokuji.features.store import OnlineFeatures
+    from sokuji.features.store_config import FeatureStoreConfig
 
     if name != "users":
         return OnlineFeatures.from_repo(Path(name))
