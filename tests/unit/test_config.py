@@ -322,7 +322,7 @@ def test_batcher_and_engine_defaults_are_the_schemas() -> None:
 
     from sokuji.core.batcher import BatcherConfig
     from sokuji.llm.engine import EngineConfig
-    from sokuji.llm.runtime import LlamaOptions
+    from sokuji.llm.options import LlamaOptions
 
     default = cfg.ModelConfig(name="m")
     own = {"policy", "worker_nice", "slo"}
