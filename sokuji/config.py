@@ -45,7 +45,6 @@ from sokuji.config_scale import RayConfig
 from sokuji.config_types import (
     RUNTIMES,
     AtLeast1,
-    BatchPolicy,
     Hosts,
     MoreThanZero,
     Priority,
@@ -56,6 +55,7 @@ from sokuji.config_types import (
     _Table,
     _why,
 )
+from sokuji.core.forming import BatchPolicy
 from sokuji.errors import ConfigError
 from sokuji.pipelines.config import PipelineConfig
 from sokuji.pipelines.graph import check_pipeline

@@ -3,17 +3,11 @@ reason each constraint gives when it fails (``config.py`` turns it into a ``Conf
 
 from __future__ import annotations
 
-import enum
 from typing import Annotated, Any, Literal
 
 from msgspec import Meta, Struct
 
 RUNTIMES = ("onnx", "synthetic", "llama", "ocr", "vad", "classifier", "upstream", "router")
-
-
-class BatchPolicy(enum.StrEnum):
-    LENGTH = "length"
-    FIFO = "fifo"
 
 
 def _why(reason: str, **constraints: Any) -> Meta:

@@ -13,9 +13,13 @@ ONNX, synthetic) and its dynamic batcher.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import fields
+
 from sokuji.config import ModelConfig
+from sokuji.config_ops import SloConfig, budgets_for
 from sokuji.core import offload
-from sokuji.core.batcher import DynamicBatcher
+from sokuji.core.batcher import BatcherConfig, DynamicBatcher
 from sokuji.core.model import Capacity, ModelKind, ModelMetadata, RequestContext, Submission
 from sokuji.core.request import InferenceRequest, Prepared, Timeline
 from sokuji.runtimes.base import Runtime
@@ -26,6 +30,15 @@ INLINE_MAX_CHARS = 4096
 longer ones in the ``sokuji-prep`` pool (``core/offload.py``), so a long text never holds
 up other requests. Each text's own cost is bounded by the runtime, which reads a text only
 as far as its model does (``runtimes/onnx.py``)."""
+
+
+def batcher_config(mc: ModelConfig, tenant_slos: Iterable[SloConfig] = ()) -> BatcherConfig:
+    """The batcher's share of ``mc``: every field but ``policy`` (``batching`` there) and
+    ``worker_nice`` is named as in ``ModelConfig``; ``slo`` from its own and its tenants'
+    SLOs."""
+    same = {f.name for f in fields(BatcherConfig)} - {"policy", "worker_nice", "slo"}
+    return BatcherConfig(policy=mc.batching, slo=budgets_for(mc.name, mc.slo, tenant_slos),
+                         **{name: getattr(mc, name) for name in same})
 
 
 class EncoderModel:

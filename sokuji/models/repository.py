@@ -20,12 +20,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 from sokuji.config import DEFAULT_MODEL_NAME, ModelConfig, ServerConfig, SloConfig
-from sokuji.core.batcher import BatcherConfig, BatchInfo, DynamicBatcher
+from sokuji.config_ops import budgets_for
+from sokuji.core.batcher import BatchInfo, DynamicBatcher
 from sokuji.core.model import ModelKind, ModelMetadata, ServedModel
-from sokuji.core.slo_admission import budgets_for
 from sokuji.errors import InvalidInput, ModelNotFound, ModelNotReady
 from sokuji.models import variants
-from sokuji.models.encoder import EncoderModel
+from sokuji.models.encoder import EncoderModel, batcher_config
 from sokuji.runtimes.base import Runtime
 
 if TYPE_CHECKING:
@@ -340,7 +340,7 @@ def _batched(mc: ModelConfig, runtime: Runtime,
              metric_name: str, tenant_slos: Iterable[SloConfig] = ()) -> Model:
     batcher = DynamicBatcher(
         metric_name, runtime.run_batch,
-        BatcherConfig.from_model(mc, tenant_slos),
+        batcher_config(mc, tenant_slos),
         on_batch=on_batch(metric_name) if on_batch else None)
     return Model(mc, EncoderModel(mc, runtime, batcher))
 
