@@ -39,8 +39,8 @@ log = logging.getLogger(__name__)
 
 
 def _build_onnx(model: ModelConfig, server: ServerConfig, path: Path | None = None) -> Runtime:
-    from sokuji.models import minilm
     from sokuji.runtimes.onnx import OnnxEncoderRuntime
+    from sokuji.weights import minilm
 
     path = path or variants.base_path(model, server)
     if model.path is None and model.name == DEFAULT_MODEL_NAME:
