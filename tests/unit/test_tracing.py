@@ -19,7 +19,7 @@ from starlette.testclient import TestClient
 
 from sokuji import config as cfg
 from sokuji.config_ops import TracingConfig
-from sokuji.core.model import RequestContext
+from sokuji.core.model import RequestContext, Trace
 from sokuji.core.request import STAGES, Priority, Stage, Timeline
 from sokuji.errors import ConfigError, DeadlineExceeded
 from sokuji.llm.request import Finish, Timing
@@ -126,7 +126,7 @@ def test_the_ratio_is_a_share() -> None:
 
 
 # -- spans from stamps ----------------------------------------------------------------------
-def context(trace: tracing.Trace, tenant: str = "acme") -> RequestContext:
+def context(trace: Trace, tenant: str = "acme") -> RequestContext:
     ctx = RequestContext(tenant=tenant, priority=Priority.BATCH, deadline_ns=5_000_000_000,
                          arrival_ns=1_000_000_000, request_id="rid-1", trace=trace)
     trace.ctx = ctx
