@@ -122,6 +122,14 @@ class ModelConfig(_Table, frozen=True):
     ``admission`` (the default) requests are admitted by time against it."""
 
 
+def pipeline_model(pc: PipelineConfig) -> ModelConfig:
+    """How the model-level parts (Triton config, metadata, deadlines) see a pipeline."""
+    return ModelConfig(name=pc.name, runtime="pipeline", version=pc.version,
+                       max_batch_size=1, max_queue_depth=pc.max_concurrency or 1024,
+                       default_timeout_ms=pc.default_timeout_ms, cache=pc.cache,
+                       warmup=False)
+
+
 class ApiKey(_Table, frozen=True):
     key: Annotated[str, _why("must be a string of at least 8 characters", min_length=8)]
     tenant: Annotated[str, _why("must be a non-empty string", min_length=1)]

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
-from sokuji.config import DEFAULT_MODEL_NAME, ModelConfig, ServerConfig, SloConfig
+from sokuji.config import DEFAULT_MODEL_NAME, ModelConfig, ServerConfig, SloConfig, pipeline_model
 from sokuji.config_ops import budgets_for
 from sokuji.core.batcher import BatchInfo, DynamicBatcher
 from sokuji.core.model import ModelKind, ModelMetadata, ServedModel
@@ -262,11 +262,11 @@ class ModelRepository:
 
             pipelines = (*pipelines, *builtin.pipelines(config))
         if pipelines:
-            from sokuji.pipelines.load import load_pipelines, model_config
+            from sokuji.pipelines.load import load_pipelines
 
             for pc, pipe in load_pipelines(pipelines, config, {
                     name: m.served for name, m in repo.models.items()}):
-                repo.models[pc.name] = Model(model_config(pc), pipe)
+                repo.models[pc.name] = Model(pipeline_model(pc), pipe)
                 log.info("pipeline %s loaded (%d steps)", pc.name, len(pc.steps))
         return repo
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from sokuji.config import ModelConfig, ServerConfig
+from sokuji.config import ServerConfig
 from sokuji.core.model import ServedModel
 from sokuji.errors import ConfigError
 from sokuji.pipelines.config import PipelineConfig
@@ -42,14 +42,6 @@ def load_pipelines(pipelines: Sequence[PipelineConfig], config: ServerConfig,
         graph = check_pipeline(pc, at, set(models))
         out.append((pc, PipelineModel(graph, res, at)))
     return out
-
-
-def model_config(pc: PipelineConfig) -> ModelConfig:
-    """How the model-level parts (Triton config, metadata, deadlines) see a pipeline."""
-    return ModelConfig(name=pc.name, runtime="pipeline", version=pc.version,
-                       max_batch_size=1, max_queue_depth=pc.max_concurrency or 1024,
-                       default_timeout_ms=pc.default_timeout_ms, cache=pc.cache,
-                       warmup=False)
 
 
 def _embedder(encoder: ServedModel | None) -> Any:
