@@ -26,8 +26,8 @@ from typing import Literal
 from fastapi import FastAPI, HTTPException
 from pydantic import BaseModel
 
-from sokuji.models import minilm
 from sokuji.runtimes.onnx import OnnxEncoderRuntime
+from sokuji.weights import minilm
 
 MODE = os.environ.get("FASTAPI_PEER_MODE", "sync")
 if MODE not in ("sync", "async"):

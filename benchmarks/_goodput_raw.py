@@ -30,8 +30,8 @@ BATCH_SIZES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 64)
 
 def raw_worker_main(core: int, cache_dir: str) -> None:
     os.sched_setaffinity(0, {core})
-    from sokuji.models import minilm
     from sokuji.runtimes.onnx import OnnxEncoderRuntime
+    from sokuji.weights import minilm
 
     rt = OnnxEncoderRuntime(minilm.ensure_onnx(cache_dir), minilm.tokenizer_path(),
                             intra_op_threads=1, max_sequence_length=minilm.max_sequence_length())

@@ -40,7 +40,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from sokuji.features import rag_repo  # noqa: E402
-from sokuji.features.store import FeatureStoreConfig, OnlineFeatures  # noqa: E402
+from sokuji.features.store import OnlineFeatures  # noqa: E402
+from sokuji.features.store_config import FeatureStoreConfig  # noqa: E402
 
 
 def percentile(sorted_us: list[float], q: float) -> float:

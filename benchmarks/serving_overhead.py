@@ -59,8 +59,8 @@ def load_texts(name: str) -> list[str]:
 
 def raw_worker_main(core: int, cache_dir: str) -> None:
     os.sched_setaffinity(0, {core})
-    from sokuji.models import minilm
     from sokuji.runtimes.onnx import OnnxEncoderRuntime
+    from sokuji.weights import minilm
 
     rt = OnnxEncoderRuntime(minilm.ensure_onnx(cache_dir), minilm.tokenizer_path(),
                             intra_op_threads=1, max_sequence_length=minilm.max_sequence_length())

@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from _harness import Server, free_port  # noqa: E402
 
-from sokuji.models import minilm  # noqa: E402
+from sokuji.weights import minilm  # noqa: E402
 
 
 def optimize(args: argparse.Namespace, work: Path) -> dict[str, Any]:

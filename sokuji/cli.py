@@ -185,7 +185,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "serve":
             return _serve(args)
         if args.command == "export":
-            from sokuji.models import minilm
+            from sokuji.weights import minilm
 
             config = cfg.load(overrides={"cache_dir": args.cache_dir})
             print(minilm.ensure_onnx(config.cache_dir))

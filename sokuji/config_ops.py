@@ -5,7 +5,8 @@ window, for one model (``[[models]] slo = {...}``) or for a tenant (``[[slos]]``
 ``tenant``, optionally narrowed to one model). Sokuji uses it twice: to report (status, error
 budget and burn rate in ``/metrics`` and the dashboard: ``observability/slo.py``) and, with
 ``admission = true``, to admit by time: a request is queued only if its predicted wait plus
-service fits the tightest target that applies to it (``core/policy.py``).
+service fits the tightest target that applies to it (``core/slo_admission.py``, given the
+targets ``budgets_for`` makes).
 
 Tracing (``TracingConfig``): OpenTelemetry spans exported over OTLP/HTTP, sampled
 (``observability/tracing.py``).
@@ -13,12 +14,13 @@ Tracing (``TracingConfig``): OpenTelemetry spans exported over OTLP/HTTP, sample
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Annotated, Any, Literal
 
 from msgspec import field
 
 from sokuji.config_types import AtLeast1, MoreThanZero, _Table, _why
+from sokuji.core.slo_budgets import SloBudgets
 
 Ratio = Annotated[float, _why("must be between 0 and 1", ge=0.0, le=1.0)]
 
@@ -44,6 +46,20 @@ class SloConfig(_Table, frozen=True):
     """In ``[[slos]]``: the tenant (as in ``[[api_keys]]``) this SLO is for."""
     model: str = ""
     """In ``[[slos]]``: narrow a tenant's SLO to one model; empty: every model it uses."""
+
+
+def budgets_for(model: str, own: SloConfig | None, tenant_slos: Iterable[SloConfig]
+                ) -> SloBudgets:
+    """The admission targets of ``model``: its own SLO's and, per tenant, the tightest of
+    the tenant SLOs that cover it (those with ``admission`` only)."""
+    tenants: dict[str, float] = {}
+    shares = [own.batch_share] if own is not None and own.admission else []
+    for s in tenant_slos:
+        if s.admission and s.model in ("", model):
+            tenants[s.tenant] = min(s.p99_ms, tenants.get(s.tenant, s.p99_ms))
+            shares.append(s.batch_share)
+    return SloBudgets(own.p99_ms if own is not None and own.admission else None, tenants,
+                      min(shares, default=0.0))
 
 
 class TracingConfig(_Table, frozen=True):

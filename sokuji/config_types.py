@@ -3,15 +3,9 @@ reason each constraint gives when it fails (``config.py`` turns it into a ``Conf
 
 from __future__ import annotations
 
-import enum
 from typing import Annotated, Any, Literal
 
 from msgspec import Meta, Struct
-
-
-class BatchPolicy(enum.StrEnum):
-    LENGTH = "length"
-    FIFO = "fifo"
 
 
 def _why(reason: str, **constraints: Any) -> Meta:

@@ -5,9 +5,10 @@ different requests share a key and one tenant can never read another's entry. On
 deterministic computations are cached (an encoder's output for given texts); what varies by
 protocol (JSON or base64, V2 or OpenAI) is applied after the cache, so one entry serves all.
 
-Backends: ``MemoryBackend`` (in process: LRU bounded in bytes, with TTL) and ``RedisBackend``
-(shared between replicas; entries expire by Redis TTL). Concurrent identical requests are
-computed once: the first computes, the others await its result (``coalesced``).
+Backends (``Backend``; in ``sokuji/stores/``): ``MemoryBackend`` (in process: LRU bounded in
+bytes, with TTL) and ``RedisBackend`` (shared between replicas; entries expire by Redis TTL).
+Concurrent identical requests are computed once: the first computes, the others await its
+result (``coalesced``).
 
 The cache is an optimisation, never a dependency: a backend that fails or does not answer
 within its timeout (``BackendUnavailable``) makes a lookup a miss and a store a no-op. Each
@@ -24,10 +25,9 @@ import hashlib
 import logging
 import struct
 import time
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 
@@ -88,101 +88,6 @@ class Backend(Protocol):
     async def set(self, key: str, entry: Entry) -> None: ...
 
     async def close(self) -> None: ...
-
-
-class MemoryBackend:
-    """LRU bounded by ``max_bytes``; entries older than ``ttl_s`` are misses."""
-
-    def __init__(self, max_bytes: int, ttl_s: float,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.max_bytes = max_bytes
-        self.ttl_s = ttl_s
-        self.clock = clock
-        self.bytes = 0
-        self._data: OrderedDict[str, tuple[float, Entry]] = OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._data)
-
-    async def get(self, key: str) -> Entry | None:
-        item = self._data.get(key)
-        if item is None:
-            return None
-        stored, entry = item
-        if self.clock() - stored > self.ttl_s:
-            self._drop(key)
-            return None
-        self._data.move_to_end(key)
-        return entry
-
-    async def set(self, key: str, entry: Entry) -> None:
-        if entry.nbytes > self.max_bytes:
-            return
-        if key in self._data:
-            self._drop(key)
-        self._data[key] = (self.clock(), entry)
-        self.bytes += entry.nbytes
-        while self.bytes > self.max_bytes:
-            self._drop(next(iter(self._data)))
-
-    def _drop(self, key: str) -> None:
-        _, entry = self._data.pop(key)
-        self.bytes -= entry.nbytes
-
-    async def close(self) -> None:
-        self._data.clear()
-        self.bytes = 0
-
-
-class RedisBackend:
-    """Entries in Redis under ``sokuji:cache:<key>``, expiring after ``ttl_s``.
-
-    Every call (connection included) is bounded by ``timeout_s``; any Redis or socket error,
-    a timeout, or an entry that does not decode raises ``BackendUnavailable``."""
-
-    PREFIX = "sokuji:cache:"
-
-    def __init__(self, url: str, ttl_s: float, timeout_s: float = 0.1) -> None:
-        import redis.asyncio as redis
-        from redis.asyncio.retry import Retry
-        from redis.backoff import NoBackoff
-        from redis.exceptions import RedisError
-
-        self.ttl_ms = max(1, int(ttl_s * 1000))
-        self.timeout_s = timeout_s
-        self._errors: tuple[type[BaseException], ...] = (RedisError, OSError, TimeoutError)
-        # One immediate retry: a pooled connection that Redis closed (a restart) reconnects
-        # within the same call; anything slower is cut by the timeout below anyway.
-        self._redis: Any = redis.Redis.from_url(
-            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
-            retry=Retry(NoBackoff(), 1))
-
-    async def _call(self, op: str, *args: Any, **kwargs: Any) -> Any:
-        try:
-            async with asyncio.timeout(self.timeout_s):
-                return await getattr(self._redis, op)(*args, **kwargs)
-        except self._errors as exc:
-            reason = str(exc) or f"no answer within {self.timeout_s * 1e3:.0f} ms"
-            raise BackendUnavailable(f"Redis {op.upper()}: {type(exc).__name__}: "
-                                     f"{reason}") from exc
-
-    async def get(self, key: str) -> Entry | None:
-        raw = await self._call("get", self.PREFIX + key)
-        if raw is None:
-            return None
-        try:
-            return Entry.from_bytes(raw)
-        except (ValueError, struct.error, UnicodeDecodeError) as exc:
-            raise BackendUnavailable(f"Redis GET: undecodable entry ({exc})") from exc
-
-    async def set(self, key: str, entry: Entry) -> None:
-        await self._call("set", self.PREFIX + key, entry.to_bytes(), px=self.ttl_ms)
-
-    async def ping(self) -> None:
-        await self._call("ping")
-
-    async def close(self) -> None:
-        await self._redis.aclose()
 
 
 @dataclass

@@ -14,12 +14,21 @@
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sokuji.config import BatchPolicy
 from sokuji.core import policy
 from sokuji.core.request import InferenceRequest
+
+
+class BatchPolicy(enum.StrEnum):
+    """How a batch is filled around its first request (a model's ``batching``)."""
+
+    LENGTH = "length"
+    """The others nearest to its length: least padding."""
+    FIFO = "fifo"
+    """The others in arrival order, stopping at the first that does not fit."""
 
 
 @dataclass(frozen=True)

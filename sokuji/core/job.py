@@ -1,6 +1,6 @@
 """A job as the stores keep it: its states, its quotas, and the contract every job store
-(SQLite in ``jobs.py``, Redis in ``jobs_redis.py``) fulfils. The life of a job and what the
-stores promise are described in ``jobs.py``."""
+(SQLite in ``stores/jobs_sqlite.py``, Redis in ``stores/jobs_redis.py``) fulfils. The life of
+a job and what the stores promise are described in ``stores/jobs_sqlite.py``."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any, Protocol, TypeVar
 
 from sokuji.errors import StoreUnavailable
 
-log = logging.getLogger("sokuji.core.jobs")
+log = logging.getLogger("sokuji.stores")
 DEFAULT_RESULT_TTL_S = 86400.0
 DEFAULT_LEASE_S = 10.0
 """A claim's lease: the runner renews it every third of it; a crash frees the job after it."""

@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from sokuji.core.request import Priority
+from sokuji.core.trace import TRACEPARENT, Hop, header, new_span_id
 
 if TYPE_CHECKING:
     from sokuji.core.request import Timeline
-    from sokuji.observability.tracing import Trace
 
 
 class ModelKind(enum.StrEnum):
@@ -84,6 +84,31 @@ class RequestContext:
     trace: Trace | None = None
     """Set when the request is traced (``observability/tracing.py``): its ids, its upstream
     hops. None for almost every request: nothing else is done for tracing."""
+
+
+class Trace:
+    """A traced request (``observability/tracing.py`` samples it): its ids, its context once
+    built, and its upstream hops."""
+
+    __slots__ = ("ctx", "hops", "parent_id", "span_id", "trace_id")
+
+    def __init__(self, trace_id: int, parent_id: int = 0) -> None:
+        self.trace_id = trace_id
+        self.parent_id = parent_id
+        """The client's span (remote), 0 for a root."""
+        self.span_id = new_span_id()
+        """Our server span's id, known from the start so hops can name it."""
+        self.ctx: RequestContext | None = None
+        """Set by ``scheduling.context``: tenant, priority, deadline for the attributes."""
+        self.hops: list[Hop] = []
+
+    def hop(self, model: str, url: str, headers: dict[str, str]) -> Hop:
+        """Start a hop to the upstream's ``model`` now; ``headers`` (the upstream call's)
+        get its ``traceparent``."""
+        hop = Hop(f"upstream {model}", url)
+        self.hops.append(hop)
+        headers[TRACEPARENT] = header(self.trace_id, hop.span_id)
+        return hop
 
 
 @dataclass(frozen=True, slots=True)

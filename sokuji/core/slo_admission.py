@@ -2,9 +2,10 @@
 answered within its SLO, and a batch is never larger than its most urgent member can afford.
 
 The count bound (``max_queue_depth``) says nothing about time: 64 queued long texts wait far
-longer than 64 short ones. With an SLO (``config_ops.SloConfig``, ``admission = true``) each
-request gets a **due time**: its arrival plus the tightest p99 target that covers it (the
-model's own, its tenant's), or its deadline's, if sooner. Then:
+longer than 64 short ones. With an SLO (``config_ops.SloConfig``, ``admission = true``; its
+targets reach the core as ``SloBudgets``) each request gets a **due time**: its arrival plus
+the tightest p99 target that covers it (the model's own, its tenant's), or its deadline's, if
+sooner. Then:
 
 - **Prediction.** Work is counted in padded positions (items x the request's own length). The
   time to answer a request arriving now is what is left of the running batches, plus the work
@@ -34,58 +35,18 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from sokuji.config_ops import SloConfig
 from sokuji.core import policy
 from sokuji.core.request import InferenceRequest
+from sokuji.core.slo_budgets import SloBudgets
 from sokuji.errors import Overloaded
 
 _RATIOS = 512
 _REFRESH = 32
 _MAX_SCALE = 4.0
-
-
-@dataclass(frozen=True)
-class SloBudgets:
-    """The p99 targets (ms) admission uses for one model: its own, and its tenants'."""
-
-    model_ms: float | None = None
-    tenants_ms: Mapping[str, float] = field(default_factory=dict)
-    batch_share: float = 0.0
-    """The most of the loosest target one batch may take (0: no cap)."""
-
-    def budget_ms(self, tenant: str) -> float | None:
-        own, theirs = self.model_ms, self.tenants_ms.get(tenant)
-        if own is None:
-            return theirs
-        return own if theirs is None else min(own, theirs)
-
-    @property
-    def loosest_ms(self) -> float | None:
-        """The largest target any request of this model can have (None: none has one)."""
-        return max([*self.tenants_ms.values(),
-                    *([self.model_ms] if self.model_ms is not None else [])], default=None)
-
-    def __bool__(self) -> bool:
-        return self.model_ms is not None or bool(self.tenants_ms)
-
-
-def budgets_for(model: str, own: SloConfig | None, tenant_slos: Iterable[SloConfig]
-                ) -> SloBudgets:
-    """The admission targets of ``model``: its own SLO's and, per tenant, the tightest of
-    the tenant SLOs that cover it (those with ``admission`` only)."""
-    tenants: dict[str, float] = {}
-    shares = [own.batch_share] if own is not None and own.admission else []
-    for s in tenant_slos:
-        if s.admission and s.model in ("", model):
-            tenants[s.tenant] = min(s.p99_ms, tenants.get(s.tenant, s.p99_ms))
-            shares.append(s.batch_share)
-    return SloBudgets(own.p99_ms if own is not None and own.admission else None, tenants,
-                      min(shares, default=0.0))
 
 
 class BatchCost:

@@ -34,13 +34,11 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sokuji.errors import StoreUnavailable
 from sokuji.features import rag_repo
-
-if TYPE_CHECKING:
-    from sokuji.features.store import FeatureStoreConfig
+from sokuji.features.store_config import FeatureStoreConfig
 
 log = logging.getLogger(__name__)
 _FEAST_ENV = ("PROMETHEUS_MULTIPROC_DIR", "PROMETHEUS_MULTIPROCESS_DIR")

@@ -41,9 +41,9 @@ from dataclasses import dataclass
 from sokuji.config import ModelConfig
 from sokuji.errors import ModelNotReady, RuntimeFailed, SokujiError
 from sokuji.llm.native import LlamaModel
+from sokuji.llm.options import LlamaOptions
 from sokuji.llm.prefix_cache import PrefixCache
 from sokuji.llm.request import Delta, Finish, GenerationRequest, now_ns
-from sokuji.llm.runtime import LlamaOptions
 from sokuji.llm.sequence import ATTN_TILE, Sequence
 from sokuji.llm.speculative import SpecConfig, Speculator
 from sokuji.llm.step_cost import StepCosts

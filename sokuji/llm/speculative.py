@@ -56,11 +56,10 @@ from sokuji.llm.step_cost import StepCosts
 
 if TYPE_CHECKING:
     from sokuji.llm.native import LlamaModel
-    from sokuji.llm.runtime import LlamaOptions
+    from sokuji.llm.options import LlamaOptions
 
 log = logging.getLogger(__name__)
 
-MODES = ("off", "ngram", "draft")
 MARGIN = 1.05
 """Draft only when the plan's expected tokens per second beat the plain step's by 5%."""
 MIN_GAIN = 0.05

@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 
 from sokuji.core import policy
-from sokuji.core.slo_admission import SloBudgets
+from sokuji.core.slo_budgets import SloBudgets
 from sokuji.errors import DeadlineExceeded, ModelNotReady, Overloaded
 from sokuji.llm.request import Finish, GenerationRequest, now_ns
 

@@ -14,9 +14,11 @@ ONNX, synthetic) and its dynamic batcher.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import fields
 from typing import Any
 
-from sokuji.config import ModelConfig, SloConfig
+from sokuji.config import ModelConfig
+from sokuji.config_ops import SloConfig, budgets_for
 from sokuji.core import offload
 from sokuji.core.batcher import BatcherConfig, BatchInfo, DynamicBatcher
 from sokuji.core.model import (
@@ -38,6 +40,15 @@ up other requests. Each text's own cost is bounded by the runtime, which reads a
 as far as its model does (``runtimes/onnx.py``)."""
 
 
+def batcher_config(mc: ModelConfig, tenant_slos: Iterable[SloConfig] = ()) -> BatcherConfig:
+    """The batcher's share of ``mc``: every field but ``policy`` (``batching`` there) and
+    ``worker_nice`` is named as in ``ModelConfig``; ``slo`` from its own and its tenants'
+    SLOs."""
+    same = {f.name for f in fields(BatcherConfig)} - {"policy", "worker_nice", "slo"}
+    return BatcherConfig(policy=mc.batching, slo=budgets_for(mc.name, mc.slo, tenant_slos),
+                         **{name: getattr(mc, name) for name in same})
+
+
 class EncoderModel(ModelBase):
     kind = ModelKind.ENCODER
 
@@ -55,7 +66,7 @@ class EncoderModel(ModelBase):
         """A loaded ``runtime`` under a batcher of its own, named ``metric_name`` (a variant:
         ``name@variant``) in metrics and statistics."""
         batcher = DynamicBatcher(metric_name, runtime.run_batch,
-                                 BatcherConfig.from_model(config, tenant_slos),
+                                 batcher_config(config, tenant_slos),
                                  on_batch=on_batch(metric_name) if on_batch else None)
         return cls(config, runtime, batcher)
 

@@ -13,11 +13,12 @@ from pathlib import Path
 
 from sokuji.config import DEFAULT_MODEL_NAME, ModelConfig, ServerConfig
 from sokuji.errors import ConfigError
+from sokuji.weights import variant_index
 
 
 def base_path(model: ModelConfig, server: ServerConfig) -> Path:
     if model.path is None and model.name == DEFAULT_MODEL_NAME:
-        from sokuji.models import minilm
+        from sokuji.weights import minilm
 
         return minilm.ensure_onnx(server.cache_dir)
     assert model.path is not None  # config validation guarantees it
@@ -26,13 +27,11 @@ def base_path(model: ModelConfig, server: ServerConfig) -> Path:
 
 def resolve(model: ModelConfig, server: ServerConfig) -> tuple[str, dict[str, Path]]:
     """(the variant served by default, every servable variant's file)."""
-    from sokuji.optimize import pipeline
-
     base = base_path(model, server)
-    index = pipeline.read_index(base)
+    index = variant_index.read_index(base)
     files: dict[str, Path] = {"fp32": base}
     if index is not None and Path(index["root"]) == base.parent:
-        files.update(pipeline.servable(index))
+        files.update(variant_index.servable(index))
     want = model.variant
     if want == "auto":
         want = index["recommended"] if index is not None else "fp32"

@@ -1,4 +1,4 @@
-"""OpenTelemetry traces: the sampling decision, the W3C trace context, the upstream hop.
+"""OpenTelemetry traces: the sampling decision, the W3C ``traceparent`` a request brings.
 
 Only what a request touches while it runs lives here, and none of it imports OpenTelemetry
 (``import sokuji`` stays light; the SDK is imported when ``[tracing] enabled``, by
@@ -9,7 +9,8 @@ Only what a request touches while it runs lives here, and none of it imports Ope
   is clear never is; without one (or with one that is not valid: ignored, a new root; never
   a 4xx) a ``random()`` below ``sample_ratio`` decides. An unsampled request costs that
   comparison and nothing else: no OpenTelemetry object, no id, nothing per stage.
-- **A traced request** carries a ``Trace`` (in its ``RequestContext.trace``): the trace id,
+- **A traced request** carries a ``Trace`` (``core/model.py``, in its
+  ``RequestContext.trace``; its hops and ids: ``core/trace.py``): the trace id,
   its parent (the client's span, if any) and the id of the server span it will have. Nothing
   is recorded while it runs except upstream hops (``Trace.hop``: a child span id, so the
   upstream's spans hang under ours, and the hop's start and end). When the request has been
@@ -26,19 +27,19 @@ from __future__ import annotations
 import contextvars
 import random
 import re
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeGuard
 
+from sokuji.core.model import Trace
+from sokuji.core.trace import TRACEPARENT as TRACEPARENT  # the header ``sample`` reads
+
 if TYPE_CHECKING:
     from sokuji.config_ops import TracingConfig
-    from sokuji.core.model import RequestContext
     from sokuji.core.request import Timeline
     from sokuji.llm.request import Finish, Timing
     from sokuji.observability.tracing_spans import SpanSink
     from sokuji.pipelines.run import Run
 
-TRACEPARENT = "traceparent"
 MAX_TRACEPARENT = 256
 """Longer headers are ignored without being parsed (a future version may append fields,
 but not kilobytes of them)."""
@@ -74,75 +75,6 @@ def parse_traceparent(value: str) -> tuple[int, int, int] | None:
 
 def valid_traceparent(value: str | None) -> TypeGuard[str]:
     return value is not None and parse_traceparent(value) is not None
-
-
-def new_span_id() -> int:
-    return _getrandbits(64) or 1
-
-
-def header(trace_id: int, span_id: int) -> str:
-    """A sampled ``traceparent`` naming ``span_id`` as the parent."""
-    return f"00-{trace_id:032x}-{span_id:016x}-01"
-
-
-class Hop:
-    """An upstream call of a traced request: a CLIENT span, the parent of the upstream's."""
-
-    __slots__ = ("end_ns", "name", "outcome", "span_id", "start_ns", "url")
-
-    def __init__(self, name: str, url: str) -> None:
-        self.name = name
-        self.url = url
-        self.span_id = new_span_id()
-        self.start_ns = time.perf_counter_ns()
-        self.end_ns = 0
-        self.outcome: int | str = ""
-        """The upstream's HTTP status, or a word (``upstream_http.OnAttempt``)."""
-
-    def end(self, outcome: int | str) -> None:
-        """An attempt ended (the last one's outcome and end stand: a safe retry extends
-        the hop)."""
-        self.end_ns = time.perf_counter_ns()
-        self.outcome = outcome
-
-
-class _NoHop(Hop):
-    """An untraced call's: ``end`` does nothing."""
-
-    __slots__ = ()
-
-    def __init__(self) -> None:
-        self.span_id = 0
-
-    def end(self, outcome: int | str) -> None:
-        pass
-
-
-NO_HOP: Hop = _NoHop()
-
-
-class Trace:
-    """A traced request: its ids, its context once built, and its upstream hops."""
-
-    __slots__ = ("ctx", "hops", "parent_id", "span_id", "trace_id")
-
-    def __init__(self, trace_id: int, parent_id: int = 0) -> None:
-        self.trace_id = trace_id
-        self.parent_id = parent_id
-        """The client's span (remote), 0 for a root."""
-        self.span_id = new_span_id()
-        """Our server span's id, known from the start so hops can name it."""
-        self.ctx: RequestContext | None = None
-        """Set by ``scheduling.context``: tenant, priority, deadline for the attributes."""
-        self.hops: list[Hop] = []
-
-    def hop(self, model: str, url: str, headers: dict[str, str]) -> Hop:
-        """Start a hop to the upstream's ``model`` now; ``headers`` (the upstream call's)
-        get its ``traceparent``."""
-        hop = Hop(f"upstream {model}", url)
-        self.hops.append(hop)
-        headers[TRACEPARENT] = header(self.trace_id, hop.span_id)
-        return hop
 
 
 class Tracer:

@@ -39,8 +39,9 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
+from sokuji.core.model import Trace
 from sokuji.core.request import STAGES
-from sokuji.observability.tracing import Hop, Trace, new_span_id
+from sokuji.core.trace import Hop, new_span_id
 from sokuji.observability.tracing_otlp import FastOTLPSpanExporter
 
 if TYPE_CHECKING:

@@ -23,6 +23,7 @@ from typing import Any
 from sokuji import config as cfg
 from sokuji.errors import ConfigError
 from sokuji.optimize import pipeline, variants
+from sokuji.weights import variant_index
 
 
 def parser() -> argparse.ArgumentParser:
@@ -46,7 +47,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def resolve(args: argparse.Namespace) -> pipeline.Options:
-    from sokuji.models import minilm
+    from sokuji.weights import minilm
 
     cache_dir = args.cache_dir or cfg.load(overrides={"cache_dir": None}).cache_dir
     names = [v.strip() for v in args.variants.split(",") if v.strip()]
@@ -179,7 +180,7 @@ def main(argv: Sequence[str]) -> int:
     if not out.is_terminal:
         out = Console(width=150)
     out.print(table(index))
-    where = pipeline.variants_dir(opts.model) / pipeline.INDEX
+    where = variant_index.variants_dir(opts.model) / variant_index.INDEX
     console.print(f"written: {where}")
     if args.out:
         Path(args.out).write_text(json.dumps(index, indent=1))

@@ -25,8 +25,7 @@ from typing import Any
 import numpy as np
 
 from sokuji.optimize import quality, variants
-
-INDEX = "index.json"
+from sokuji.weights.variant_index import INDEX, variants_dir
 
 
 @dataclass(frozen=True)
@@ -50,35 +49,12 @@ class Options:
     force: Sequence[str] = ()
 
 
-def variants_dir(model: Path) -> Path:
-    return model.with_suffix(".variants")
-
-
 def sha256(path: Path) -> str:
     h = hashlib.sha256()
     with path.open("rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
-
-
-def read_index(model: Path) -> dict[str, Any] | None:
-    path = variants_dir(model) / INDEX
-    if not path.is_file():
-        return None
-    return dict(json.loads(path.read_text()))
-
-
-def servable(index: dict[str, Any]) -> dict[str, Path]:
-    """Variants the server may load: those that passed the gate or were forced, and whose
-    file is still there and unchanged."""
-    root = Path(index["root"])
-    out = {}
-    for name, v in index["variants"].items():
-        path = root / v["file"]
-        if (v["passed"] or v.get("forced")) and v.get("kept", True) and path.is_file():
-            out[name] = path
-    return out
 
 
 def _measure(opts: Options, path: Path, texts: list[str], queries: list[str],

@@ -17,13 +17,8 @@ import importlib.util
 import logging
 from typing import Any
 
-from sokuji.config import (
-    DEFAULT_LLM_NAME,
-    DEFAULT_MODEL_NAME,
-    PipelineConfig,
-    ServerConfig,
-    StepConfig,
-)
+from sokuji.config import DEFAULT_LLM_NAME, DEFAULT_MODEL_NAME, ServerConfig
+from sokuji.pipelines.config import PipelineConfig, StepConfig
 
 log = logging.getLogger(__name__)
 RAG = "rag"

@@ -13,8 +13,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from sokuji.config import PipelineConfig, StepConfig
 from sokuji.errors import ConfigError
+from sokuji.pipelines.config import PipelineConfig, StepConfig
 
 INPUT = "input"
 _FUNCTION = re.compile(r"\A[A-Za-z_][\w.]*:[A-Za-z_]\w*\Z")

@@ -19,9 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from sokuji.config import PipelineConfig, ServerConfig
+from sokuji.config import ServerConfig
 from sokuji.core.model import ServedModel
 from sokuji.errors import ConfigError
+from sokuji.pipelines.config import PipelineConfig
 from sokuji.pipelines.graph import check_pipeline
 from sokuji.pipelines.model import PipelineModel
 from sokuji.pipelines.steps import Resources
@@ -75,7 +76,8 @@ def open_index(name: str, encoder: ServedModel | None, cache_dir: str) -> Any:
 
 def open_store(name: str, config: ServerConfig) -> Any:
     """``users``: the built-in store; any other name: the path of a Feast repository."""
-    from sokuji.features.store import FeatureStoreConfig, OnlineFeatures
+    from sokuji.features.store import OnlineFeatures
+    from sokuji.features.store_config import FeatureStoreConfig
 
     if name != "users":
         return OnlineFeatures.from_repo(Path(name))

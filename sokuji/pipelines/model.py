@@ -22,7 +22,6 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sokuji.config import PipelineConfig
 from sokuji.core import timing
 from sokuji.core.model import (
     Capacity,
@@ -35,6 +34,7 @@ from sokuji.core.model import (
 )
 from sokuji.errors import InvalidInput, Overloaded, SokujiError
 from sokuji.llm.request import Finish, Timing
+from sokuji.pipelines.config import PipelineConfig
 from sokuji.pipelines.graph import Graph
 from sokuji.pipelines.run import Answer, Run, StepFn
 from sokuji.pipelines.steps import Resources, build_step

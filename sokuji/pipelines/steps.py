@@ -30,10 +30,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sokuji.config import StepConfig
 from sokuji.core import offload
 from sokuji.core.model import GenerationInput, ModelKind, RequestContext, ServedModel
 from sokuji.errors import ConfigError, InvalidInput
+from sokuji.pipelines.config import StepConfig
 from sokuji.pipelines.run import Answer
 
 Step = Callable[[dict[str, Any], RequestContext, Answer | None], Awaitable[Any]]

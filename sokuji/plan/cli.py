@@ -193,7 +193,7 @@ def _generator(doc: dict[str, Any], args: argparse.Namespace, runs: list[inputs.
     weights = kv = None
     bounds = None
     if args.gguf:
-        from sokuji.llm.runtime import LlamaOptions  # light: llama.cpp is not imported
+        from sokuji.llm.options import LlamaOptions  # light: llama.cpp is not imported
 
         defaults = LlamaOptions()
         path = Path(args.gguf)

@@ -5,15 +5,20 @@ MiniLM and SmolLM2), each with where it sits in the config (errors name it)."""
 from __future__ import annotations
 
 from sokuji.config import ModelConfig, ServerConfig
+from sokuji.repository import registry
 
 
 def entries(config: ServerConfig) -> list[tuple[str, ModelConfig]]:
     """Every model to build, as (config key, model config), in config order."""
     out = [(f"models[{i}]", mc) for i, mc in enumerate(config.models)]
-    out += [(f"pipelines[{i}]", pc.as_model()) for i, pc in enumerate(config.pipelines)]
+    pipelines = list(config.pipelines)
     if config.builtin_pipelines:
         from sokuji.pipelines import builtin
 
-        out += [(f"built-in pipeline {pc.name}", pc.as_model())
-                for pc in builtin.pipelines(config)]
+        pipelines += builtin.pipelines(config)
+    if pipelines:
+        kind = registry.table_kind("pipelines")
+        out += [(f"pipelines[{i}]" if i < len(config.pipelines)
+                 else f"built-in pipeline {pc.name}", kind.model_config(pc))
+                for i, pc in enumerate(pipelines)]
     return out

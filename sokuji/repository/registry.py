@@ -36,6 +36,9 @@ BUILTIN = {
     "pipeline": "sokuji.kinds.pipeline.kind:KIND",
 }
 """Built-in kinds: runtime name -> ``module:attribute`` of its ``Kind``."""
+TABLES = {"pipelines": "pipeline"}
+"""Top-level config tables whose entries are models of a kind: table -> the kind, which
+turns an entry into a model's config (``model_config``)."""
 
 
 @cache
@@ -70,3 +73,8 @@ def get(name: str, key: str = "runtime") -> Any:
         raise ConfigError.for_key(key, name, f"{target or name!r} is not a sokuji Kind "
                                   f"(got {type(kind).__name__})")
     return kind
+
+
+def table_kind(table: str) -> Any:
+    """The kind whose models a top-level config table (``[[pipelines]]``) declares."""
+    return get(TABLES[table], table)

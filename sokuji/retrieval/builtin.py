@@ -27,8 +27,8 @@ def minilm_embedder(cache_dir: str | Path, intra_op_threads: int = 0) -> Embed:
     """``embed(texts) -> float32 [n, 384]`` with the built-in MiniLM on ONNX Runtime (the
     ONNX export is made once in ``cache_dir`` if missing). Texts of a call are sorted by
     length into batches, so padding stays small."""
-    from sokuji.models import minilm
     from sokuji.runtimes.onnx import OnnxEncoderRuntime
+    from sokuji.weights import minilm
 
     runtime = OnnxEncoderRuntime(minilm.ensure_onnx(cache_dir), minilm.tokenizer_path(),
                                  intra_op_threads=intra_op_threads,

@@ -18,10 +18,8 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
 MIN_UNITS = 60
 MAX_UNITS = 180
@@ -193,16 +191,6 @@ def pydoc_passages(*, min_units: int = MIN_UNITS, max_units: int = MAX_UNITS) ->
     from pydoc_data.topics import topics
 
     return passages_from_topics(dict(topics), min_units=min_units, max_units=max_units)
-
-
-def ensure_pydoc_index(out_dir: str | Path, embed: Callable[[list[str]], Any],
-                       progress: Callable[[int, int], None] | None = None) -> Path:
-    """The built-in corpus' index at ``out_dir``, built now if missing or stale
-    (``sokuji.retrieval.builtin.ensure_pydoc_index``; imported here on call: the index
-    modules import this one)."""
-    from sokuji.retrieval.builtin import ensure_pydoc_index as ensure
-
-    return ensure(out_dir, embed, progress)
 
 
 def corpus_checksum(passages: Iterable[Passage]) -> str:

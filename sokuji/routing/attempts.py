@@ -1,4 +1,5 @@
-"""One request's attempts at a router's targets, in order, until one answers.
+"""One request's attempts at a router's targets, in order, until one answers; the request
+as the router keeps it meanwhile (``PreparedRoute``) and the route it reports (``RouteInfo``).
 
 - One attempt per target (no retries of the same target inside a request: LiteLLM's users
   paid three failed attempts at a dead deployment per request, BerriAI/litellm#40405).
@@ -21,7 +22,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from sokuji.core import timing
 from sokuji.core.model import RequestContext, ServedModel
@@ -67,6 +68,20 @@ class RouteInfo:
         words = " ".join(w for w in (self.served_by, self.reason, self.detail) if w)
         total = sum(ms for _, _, ms in self.attempts)
         return ("route", total, f"{words}; {tried}" if tried else words)
+
+
+@dataclass
+class PreparedRoute:
+    """A request as the router keeps it until a target takes it: its inputs as the targets'
+    ``prepare`` takes them (texts, or a completion request), and what rules look at."""
+
+    inputs: Any
+    chars: int
+    task: str
+    num_items: int = 0
+    num_tokens: int = 0
+    """Filled from the target that answered (usage)."""
+    route: RouteInfo = field(default_factory=RouteInfo)
 
 
 class Attempts:

@@ -26,32 +26,18 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from sokuji.config import ModelConfig
 from sokuji.core.model import Capacity, ModelBase, ModelKind, ModelMetadata, RequestContext
 from sokuji.errors import ConfigError, InvalidInput, Overloaded, RouteUnavailable
-from sokuji.routing.attempts import Attempts, RouteInfo, Target
+from sokuji.routing.attempts import Attempts, PreparedRoute, RouteInfo, Target
 from sokuji.routing.config import RouterOptions, Rule
+from sokuji.routing.submission import RouteGeneration, RouteSubmission
 
 OnRoute = Callable[[str, str, str], None]
 """(router, target, reason): one call per answered request."""
-
-
-@dataclass
-class PreparedRoute:
-    """A request as the router keeps it until a target takes it: its inputs as the targets'
-    ``prepare`` takes them (texts, or a completion request), and what rules look at."""
-
-    inputs: Any
-    chars: int
-    task: str
-    num_items: int = 0
-    num_tokens: int = 0
-    """Filled from the target that answered (usage)."""
-    route: RouteInfo = field(default_factory=RouteInfo)
 
 
 def calibration_path(cache_dir: str | Path, router: str) -> Path:
@@ -156,8 +142,6 @@ class RouterModel(ModelBase):
     def submit(self, prepared: PreparedRoute, ctx: RequestContext, timing: Any = None) -> Any:
         """``timing``: a generating pipeline's (its answer step stamps the caller's)."""
         self.check_admission()
-        from sokuji.routing.submission import RouteGeneration, RouteSubmission
-
         if self.kind is ModelKind.GENERATOR:
             return RouteGeneration(self, prepared, ctx, timing)
         return RouteSubmission(self, prepared, ctx)

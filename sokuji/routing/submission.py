@@ -14,19 +14,37 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from sokuji.core.model import RequestContext
 from sokuji.errors import SokujiError
 from sokuji.llm.request import EventStream, Finish, Timing
-from sokuji.routing.attempts import RouteInfo, Target
-from sokuji.routing.router import PreparedRoute, RouterModel
+from sokuji.routing.attempts import Attempts, PreparedRoute, RouteInfo, Target
+from sokuji.routing.config import RouterOptions
+
+
+class Router(Protocol):
+    """What a handle needs of the router that made it (``router.RouterModel``)."""
+
+    in_flight: int
+    """Requests admitted and not finished: a handle counts itself in, then out once."""
+    options: RouterOptions
+    targets: dict[str, Target]
+    threshold: float | None
+    shadow: Any
+
+    def attempts(self, ctx: RequestContext) -> Attempts: ...
+
+    def plan(self, prepared: PreparedRoute, ctx: RequestContext
+             ) -> list[tuple[Target, str]]: ...
+
+    def routed(self, info: RouteInfo) -> None: ...
 
 
 class RouteSubmission:
-    def __init__(self, router: RouterModel, prepared: PreparedRoute, ctx: RequestContext):
+    def __init__(self, router: Router, prepared: PreparedRoute, ctx: RequestContext):
         self.router = router
         self.prepared = prepared
         self.ctx = ctx
@@ -137,7 +155,7 @@ class RouteTiming:
 
 
 class RouteGeneration(EventStream):
-    def __init__(self, router: RouterModel, prepared: PreparedRoute, ctx: RequestContext,
+    def __init__(self, router: Router, prepared: PreparedRoute, ctx: RequestContext,
                  timing: Any = None):
         self.router = router
         self.prepared = prepared

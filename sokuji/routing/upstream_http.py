@@ -38,9 +38,10 @@ from typing import Any
 import aiohttp
 import orjson
 
-from sokuji.core.model import RequestContext
+from sokuji.core.model import RequestContext, Trace
+from sokuji.core.trace import NO_HOP, Hop
 from sokuji.errors import DeadlineExceeded, Overloaded, SokujiError
-from sokuji.observability.tracing import NO_HOP, Hop, Trace, valid_traceparent
+from sokuji.observability.tracing import valid_traceparent
 from sokuji.routing.config import UpstreamOptions
 
 RETRY_AFTER_CAP_S = 3600

@@ -8,7 +8,7 @@ cosine to one of the label's prototypes (``"nn"``). The prediction is the best l
 threshold to decide whether a larger model should answer instead (``predict``, ``margin``).
 
 Options (``[models.options]``, checked at start: ``ConfigError`` naming the key):
-  encoder          minilm (built in) | mpnet (all-mpnet-base-v2, ``models/mpnet.py``) | the
+  encoder          minilm (built in) | mpnet (all-mpnet-base-v2, ``weights/mpnet.py``) | the
                    path of an ONNX encoder (then ``tokenizer`` is required)
   tokenizer        tokenizer.json of an ONNX encoder given by path (default: the model's
                    ``tokenizer``)
@@ -176,14 +176,14 @@ class ClassifierRuntime:
     def _build_encoder(self) -> OnnxEncoderRuntime:
         o, limit = self.options, self._model.max_sequence_length
         if o.encoder == "minilm":
-            from sokuji.models import minilm
+            from sokuji.weights import minilm
 
             return OnnxEncoderRuntime(
                 minilm.ensure_onnx(self._cache_dir), minilm.tokenizer_path(),
                 intra_op_threads=o.intra_op_threads,
                 max_sequence_length=min(limit, minilm.max_sequence_length()))
         if o.encoder == "mpnet":
-            from sokuji.models import mpnet
+            from sokuji.weights import mpnet
 
             if not mpnet.is_installed():
                 raise ConfigError.for_key(f"{self.at}.encoder", o.encoder,

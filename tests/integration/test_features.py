@@ -20,7 +20,8 @@ import pytest
 
 from sokuji.errors import InvalidInput, StoreUnavailable
 from sokuji.features import rag_repo
-from sokuji.features.store import FeatureStoreConfig, OnlineFeatures
+from sokuji.features.store import OnlineFeatures
+from sokuji.features.store_config import FeatureStoreConfig
 from tests.integration.serving import free_port
 from tests.integration.test_cache_redis import Proxy, RedisProcess
 

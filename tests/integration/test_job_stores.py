@@ -17,8 +17,9 @@ from typing import Any
 
 import pytest
 
-from sokuji.core.jobs import JobStatus, JobStore, QuotaHit, Usage
-from sokuji.core.jobs_redis import RedisJobStore
+from sokuji.core.job import JobStatus, QuotaHit, Usage
+from sokuji.stores.jobs_redis import RedisJobStore
+from sokuji.stores.jobs_sqlite import JobStore
 from tests.integration.serving import sokuji_server
 
 REDIS_URL = os.environ.get("SOKUJI_TEST_REDIS_URL")
@@ -256,9 +257,9 @@ def test_due_callbacks_are_listed_per_tenant(store: Any) -> None:
 
 def test_purge_deletes_expired_rows_in_batches(tmp_path: Path, clock: Clock,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    from sokuji.core import jobs
+    from sokuji.stores import jobs_sqlite
 
-    monkeypatch.setattr(jobs, "PURGE_BATCH", 3)
+    monkeypatch.setattr(jobs_sqlite, "PURGE_BATCH", 3)
     store = JobStore(tmp_path / "jobs.sqlite", result_ttl_s=1.0, clock=clock)
     ids = [store.submit("t", "/p", {}, b"x") for _ in range(8)]
     for _ in range(7):

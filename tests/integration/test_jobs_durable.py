@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sokuji.core.jobs import DEFAULT_LEASE_S
+from sokuji.core.job import DEFAULT_LEASE_S
 from tests.integration.serving import sokuji_process
 
 pytestmark = pytest.mark.integration

@@ -14,8 +14,8 @@ import httpx
 import numpy as np
 import pytest
 
-from sokuji.models import minilm
 from sokuji.optimize import pipeline
+from sokuji.weights import minilm, variant_index
 from tests.conftest import CACHE_DIR
 from tests.integration.serving import sokuji_server
 
@@ -76,7 +76,7 @@ def test_a_strict_gate_fails_everything_and_exits_nonzero(optimized: tuple[Path,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1
     assert "no optimized variant passed" in proc.stderr
-    index = pipeline.read_index(model)
+    index = variant_index.read_index(model)
     assert index is not None and index["recommended"] == "fp32"
 
 

@@ -213,7 +213,7 @@ class TestReplicaKilled:
     def test_async_jobs_complete_exactly_once_across_a_kill(
             self, ray_head: RayHead, serving: RayServing) -> None:
         from sokuji.core.job import JobStatus
-        from sokuji.core.jobs_redis import RedisJobStore
+        from sokuji.stores.jobs_redis import RedisJobStore
 
         assert REDIS_URL is not None
         store = RedisJobStore(redis_db12(REDIS_URL))

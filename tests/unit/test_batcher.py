@@ -10,8 +10,8 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from sokuji.config import BatchPolicy
 from sokuji.core.batcher import BatcherConfig, BatchInfo, DynamicBatcher
+from sokuji.core.forming import BatchPolicy
 from sokuji.core.request import STAGES, InferenceRequest, Priority, Stage, Timeline
 from sokuji.errors import DeadlineExceeded, ModelNotReady, Overloaded, RuntimeFailed
 from sokuji.runtimes.base import Prepared

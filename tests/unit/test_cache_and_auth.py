@@ -13,7 +13,8 @@ from starlette.testclient import TestClient
 
 from sokuji import config as cfg
 from sokuji.bench.engine import parse_server_timing
-from sokuji.core.cache import CacheResult, Entry, MemoryBackend, ResponseCache, cache_key
+from sokuji.core.cache import CacheResult, Entry, ResponseCache, cache_key
+from sokuji.stores.cache_memory import MemoryBackend
 from tests.conftest import client_for
 
 INFER = "/v2/models/synth/infer"

@@ -16,10 +16,10 @@ from sokuji.core.cache import (
     Breaker,
     CacheResult,
     Entry,
-    MemoryBackend,
-    RedisBackend,
     ResponseCache,
 )
+from sokuji.stores.cache_memory import MemoryBackend
+from sokuji.stores.cache_redis import RedisBackend
 from tests.integration.serving import free_port
 
 

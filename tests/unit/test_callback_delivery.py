@@ -15,9 +15,9 @@ import pytest
 
 from sokuji import cli
 from sokuji import config as cfg
-from sokuji.core.jobs import JobStore
-from sokuji.core.jobs_redis import RedisJobStore
 from sokuji.server import callback_delivery as delivery
+from sokuji.stores.jobs_redis import RedisJobStore
+from sokuji.stores.jobs_sqlite import JobStore
 from tests.conftest import client_for
 from tests.unit.test_callbacks import (
     ASYNC,

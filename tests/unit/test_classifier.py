@@ -1,6 +1,6 @@
 """The classifier runtime (``runtimes/classifier.py``) on the real MiniLM: labels, scores,
 the two schemes, the margin helpers the cascade router uses, every option error naming its
-key, and the extraction of MPNet's split zip (``models/mpnet.py``) on a small zip. MPNet
+key, and the extraction of MPNet's split zip (``weights/mpnet.py``) on a small zip. MPNet
 itself: ``tests/integration/test_classifier_model.py``."""
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import pytest
 
 from sokuji.config import ModelConfig, ServerConfig
 from sokuji.errors import ConfigError
-from sokuji.models import minilm, mpnet
 from sokuji.runtimes.classifier import ClassifierRuntime, margin, predict
 from sokuji.runtimes.onnx import OnnxEncoderRuntime
+from sokuji.weights import minilm, mpnet
 from tests.conftest import CACHE_DIR
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "routing"

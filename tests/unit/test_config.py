@@ -322,7 +322,8 @@ def test_batcher_and_engine_defaults_are_the_schemas() -> None:
 
     from sokuji.core.batcher import BatcherConfig
     from sokuji.llm.engine import EngineConfig
-    from sokuji.llm.runtime import LlamaOptions
+    from sokuji.llm.options import LlamaOptions
+    from sokuji.models.encoder import batcher_config
 
     default = cfg.ModelConfig(name="m")
     own = {"policy", "worker_nice", "slo"}
@@ -333,7 +334,7 @@ def test_batcher_and_engine_defaults_are_the_schemas() -> None:
     mc = cfg.ModelConfig(name="m", max_batch_size=3, max_batch_tokens=77, max_queue_delay_ms=9,
                          batching=cfg.BatchPolicy.FIFO, instances=2, max_queue_depth=5,
                          max_concurrency=4, priority_aging_ms=12.5)
-    assert BatcherConfig.from_model(mc) == BatcherConfig(
+    assert batcher_config(mc) == BatcherConfig(
         max_batch_size=3, max_batch_tokens=77, max_queue_delay_ms=9,
         policy=cfg.BatchPolicy.FIFO, instances=2, max_queue_depth=5, max_concurrency=4,
         priority_aging_ms=12.5)

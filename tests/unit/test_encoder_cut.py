@@ -17,8 +17,8 @@ from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_toke
 from tokenizers.processors import TemplateProcessing
 
 from sokuji.errors import InvalidInput
-from sokuji.models import minilm
 from sokuji.runtimes.onnx import OnnxEncoderRuntime, longest_token_chars, window_filled
+from sokuji.weights import minilm
 
 DENSE = ["hello", "world", " ", " ", " ", ".", ",", "é", "e\u0301", "東京", "unbelievable",
          "ab-cd", "'s", "1234567", "telecommunications", "🙂", "naïve", "x=1;"]

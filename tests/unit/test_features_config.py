@@ -10,13 +10,13 @@ import pytest
 
 from sokuji.errors import ConfigError
 from sokuji.features import rag_repo
-from sokuji.features.store import FeatureStoreConfig, _redis_parts
+from sokuji.features.store_config import FeatureStoreConfig, redis_parts
 
 
 def test_redis_urls_become_feast_connection_parts() -> None:
-    assert _redis_parts("redis://127.0.0.1:6399/13") == ("127.0.0.1", 6399, 13, {})
-    assert _redis_parts("redis://cache") == ("cache", 6379, 0, {})
-    assert _redis_parts("rediss://bob:p%40ss@h:1/2") == (
+    assert redis_parts("redis://127.0.0.1:6399/13") == ("127.0.0.1", 6399, 13, {})
+    assert redis_parts("redis://cache") == ("cache", 6379, 0, {})
+    assert redis_parts("rediss://bob:p%40ss@h:1/2") == (
         "h", 1, 2, {"ssl": "true", "username": "bob", "password": "p@ss"})
 
 
@@ -24,7 +24,7 @@ def test_redis_urls_become_feast_connection_parts() -> None:
                                  "redis:///0"])
 def test_bad_redis_urls_are_config_errors_that_hide_the_password(url: str) -> None:
     with pytest.raises(ConfigError) as err:
-        _redis_parts(url)
+        redis_parts(url)
     assert "features.redis_url" in err.value.message
     assert "a,b" not in err.value.message
 

@@ -16,10 +16,11 @@ import pytest
 from starlette.testclient import TestClient
 
 from sokuji import config as cfg
-from sokuji.core.jobs import JobStatus, JobStore
+from sokuji.core.job import JobStatus
 from sokuji.server import jobs as server_jobs
 from sokuji.server.auth import Authenticator
 from sokuji.server.http import Reply
+from sokuji.stores.jobs_sqlite import JobStore
 from tests.conftest import client_for
 
 INFER = "/v2/models/synth/infer"

@@ -15,8 +15,8 @@ import pytest
 from sokuji.errors import ConfigError
 from sokuji.llm import native
 from sokuji.llm.engine import EngineConfig, GenerationEngine
+from sokuji.llm.options import LlamaOptions
 from sokuji.llm.request import Delta, Finish, GenerationRequest, SamplingParams
-from sokuji.llm.runtime import LlamaOptions
 from sokuji.llm.sequence import Sequence
 from sokuji.llm.speculative import EXPLORE_SHARE, EXPLORE_START_S, History, SpecConfig, Speculator
 from sokuji.llm.step_cost import StepCosts

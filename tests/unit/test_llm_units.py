@@ -10,10 +10,11 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from sokuji.errors import ConfigError, InvalidInput, ModelNotReady
+from sokuji.llm.options import LlamaOptions
 from sokuji.llm.prefix_cache import Match, PrefixCache
 from sokuji.llm.prompt import PromptBuilder
 from sokuji.llm.request import TextAssembler
-from sokuji.llm.runtime import LlamaOptions, LlamaRuntime
+from sokuji.llm.runtime import LlamaRuntime
 from sokuji.server import llm_codec
 
 

@@ -13,6 +13,7 @@ from sokuji import config as cfg
 from sokuji.errors import ConfigError
 from sokuji.models import variants as served
 from sokuji.optimize import pipeline, quality
+from sokuji.weights import variant_index
 
 
 def test_quality_of_the_reference_itself_is_perfect() -> None:
@@ -49,7 +50,7 @@ def test_shipped_evaluation_sets_are_varied_and_separate_from_calibration() -> N
 def index_for(tmp_path: Path, entries: dict[str, dict[str, object]]) -> Path:
     model = tmp_path / "model.onnx"
     model.write_bytes(b"x")
-    out = pipeline.variants_dir(model)
+    out = variant_index.variants_dir(model)
     variants = {}
     for name, extra in entries.items():
         file = out / name / "model.onnx"
@@ -57,7 +58,7 @@ def index_for(tmp_path: Path, entries: dict[str, dict[str, object]]) -> Path:
         file.write_bytes(b"y")
         variants[name] = {"file": str(file.relative_to(tmp_path)), "passed": False,
                           "forced": False, "kept": True, "quality": {}, **extra}
-    (out / pipeline.INDEX).write_text(json.dumps({
+    (out / variant_index.INDEX).write_text(json.dumps({
         "root": str(tmp_path), "recommended": "good", "variants": variants}))
     return model
 
@@ -66,9 +67,9 @@ def test_only_passing_or_forced_variants_are_servable(tmp_path: Path) -> None:
     model = index_for(tmp_path, {"good": {"passed": True}, "bad": {},
                                  "forced": {"forced": True}, "gone": {"passed": True,
                                                                       "kept": False}})
-    index = pipeline.read_index(model)
+    index = variant_index.read_index(model)
     assert index is not None
-    assert set(pipeline.servable(index)) == {"good", "forced"}
+    assert set(variant_index.servable(index)) == {"good", "forced"}
 
 
 def test_variant_choice_auto_named_and_refused(tmp_path: Path) -> None:

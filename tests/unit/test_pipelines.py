@@ -17,6 +17,7 @@ from sokuji import config as cfg
 from sokuji.core.model import RequestContext
 from sokuji.core.request import Priority
 from sokuji.errors import ConfigError, InvalidInput, Overloaded
+from sokuji.pipelines.config import PipelineConfig, StepConfig
 from tests.conftest import client_for
 
 HERE = "tests.unit.test_pipelines"
@@ -69,11 +70,11 @@ def echo(question: str, ctx: RequestContext) -> str:
 
 
 # -- configs --------------------------------------------------------------------------------------
-def step(name: str, fn: str = "", **kw: Any) -> cfg.StepConfig:
+def step(name: str, fn: str = "", **kw: Any) -> StepConfig:
     if fn:
         kw.setdefault("kind", "python")
         kw["function"] = f"{HERE}:{fn}"
-    return cfg.StepConfig(name=name, **kw)
+    return StepConfig(name=name, **kw)
 
 
 DIAMOND = (
@@ -84,7 +85,7 @@ DIAMOND = (
 )
 
 
-def server(*pipelines: cfg.PipelineConfig, cache: bool = False) -> cfg.ServerConfig:
+def server(*pipelines: PipelineConfig, cache: bool = False) -> cfg.ServerConfig:
     return cfg.validate(cfg.ServerConfig(
         models=(cfg.ModelConfig(name="synth", runtime="synthetic",
                                 options={"base_ms": 0.0}),),
@@ -103,15 +104,15 @@ def diamond() -> Iterator[TestClient]:
     Meeting.arrived = {}
     CALLS.clear()
     pipes = (
-        cfg.PipelineConfig(name="diamond", steps=DIAMOND, extra_outputs=("right",)),
-        cfg.PipelineConfig(name="failing", steps=(step("boom", "boom", inputs={
+        PipelineConfig(name="diamond", steps=DIAMOND, extra_outputs=("right",)),
+        PipelineConfig(name="failing", steps=(step("boom", "boom", inputs={
             "question": "input.question"}),)),
-        cfg.PipelineConfig(name="refusing", steps=(step("refuse", "refuse", inputs={
+        PipelineConfig(name="refusing", steps=(step("refuse", "refuse", inputs={
             "question": "input.question"}),)),
-        cfg.PipelineConfig(name="slow", steps=(
+        PipelineConfig(name="slow", steps=(
             step("slow", "slow", inputs={"question": "input.question"}, timeout_ms=50,
                  options={"seconds": 5.0}),)),
-        cfg.PipelineConfig(name="fallback", steps=(
+        PipelineConfig(name="fallback", steps=(
             step("slow", "slow", inputs={"question": "input.question"}, timeout_ms=50,
                  options={"seconds": 5.0}, on_error="fallback", fallback="fallback text"),
             step("echo", "echo", inputs={"question": "slow"}))),
@@ -137,16 +138,16 @@ def diamond() -> Iterator[TestClient]:
     ((step("a", "echo", on_error="fallback"),), "pipelines[0].steps[0].fallback", "fallback"),
     ((step("a", "echo", after=("zz",)),), "pipelines[0].steps[0].after", "no such"),
 ])
-def test_a_bad_graph_is_refused_naming_the_key(steps: tuple[cfg.StepConfig, ...], key: str,
+def test_a_bad_graph_is_refused_naming_the_key(steps: tuple[StepConfig, ...], key: str,
                                                why: str) -> None:
     with pytest.raises(ConfigError) as err:
-        server(cfg.PipelineConfig(name="p", steps=steps))
+        server(PipelineConfig(name="p", steps=steps))
     assert f"'{key}'" in err.value.message and why in err.value.message
 
 
 def test_a_pipeline_named_like_a_model_is_refused() -> None:
     with pytest.raises(ConfigError, match=r"pipelines\[0\]\.name"):
-        server(cfg.PipelineConfig(name="synth", steps=(step("a", "echo"),)))
+        server(PipelineConfig(name="synth", steps=(step("a", "echo"),)))
 
 
 def test_unknown_keys_in_a_step_are_refused_by_the_schema() -> None:
@@ -165,8 +166,8 @@ def _toml(text: str) -> str:
 
 
 def test_an_unimportable_function_is_refused_at_start() -> None:
-    config = server(cfg.PipelineConfig(name="p", steps=(
-        cfg.StepConfig(name="a", kind="python", function="tests.nowhere:fn"),)))
+    config = server(PipelineConfig(name="p", steps=(
+        StepConfig(name="a", kind="python", function="tests.nowhere:fn"),)))
     with pytest.raises(ConfigError, match="cannot be imported"):
         client_for(config)
 
@@ -288,7 +289,7 @@ async def test_admission_bounds_the_requests_in_flight() -> None:
     from sokuji.repository.models import ModelRepository
 
     Meeting.arrived = {}
-    config = server(cfg.PipelineConfig(name="one", steps=DIAMOND[:2], max_concurrency=1,
+    config = server(PipelineConfig(name="one", steps=DIAMOND[:2], max_concurrency=1,
                                        output="right"))
     repo = ModelRepository.load(config)
     repo.start()
@@ -335,7 +336,7 @@ async def test_feature_ids_are_namespaced_by_tenant_when_keys_exist() -> None:
 
     store = _Store()
     res = Resources(models={}, cache_dir="", stores={"users": store})
-    step = build_step(cfg.StepConfig(name="f", kind="features",
+    step = build_step(StepConfig(name="f", kind="features",
                                      options={"features": ["plan"]}), "at", res)
 
     def ctx(tenant: str) -> RequestContext:

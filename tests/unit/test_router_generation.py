@@ -11,6 +11,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from sokuji import config as cfg
+from sokuji.pipelines.config import PipelineConfig, StepConfig
 from tests.conftest import CACHE_DIR, client_for
 
 LLM = {"slots": 2, "context_size": 512}
@@ -27,7 +28,7 @@ def client() -> Iterator[TestClient]:
         cfg.ModelConfig(name="gr", runtime="router", options={
             "kind": "rules", "default": "a", "fallbacks": ["b"],
             "rules": [{"when": {"task": ["completion"]}, "target": "b"}]}))
-    pipe = cfg.PipelineConfig(name="ask", inputs=("question",), steps=(cfg.StepConfig(
+    pipe = PipelineConfig(name="ask", inputs=("question",), steps=(StepConfig(
         name="answer", kind="model", model="gr", inputs={"prompt": "input.question"},
         options={"max_tokens": 8}),))
     config = cfg.validate(cfg.ServerConfig(models=models, pipelines=(pipe,),

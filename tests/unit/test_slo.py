@@ -8,9 +8,10 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from sokuji import config as cfg
-from sokuji.config_ops import SloConfig
+from sokuji.config_ops import SloConfig, budgets_for
 from sokuji.core.request import InferenceRequest, Timeline
-from sokuji.core.slo_admission import SloBudgets, TimeAdmission, budgets_for
+from sokuji.core.slo_admission import TimeAdmission
+from sokuji.core.slo_budgets import SloBudgets
 from sokuji.errors import ConfigError, Overloaded
 from sokuji.observability import slo as slo_mod
 from sokuji.runtimes.base import Prepared
@@ -195,8 +196,8 @@ def test_calibration_scales_predictions_by_their_observed_error() -> None:
 
 
 def test_the_batch_forms_around_the_request_due_first() -> None:
-    from sokuji.config import BatchPolicy
     from sokuji.core import forming
+    from sokuji.core.forming import BatchPolicy
 
     now = time.perf_counter_ns()
     relaxed, urgent, plain = _request(4, 10), _request(4, 10), _request(4, 10)

@@ -19,13 +19,14 @@ from starlette.testclient import TestClient
 
 from sokuji import config as cfg
 from sokuji.config_ops import TracingConfig
-from sokuji.core.model import RequestContext
+from sokuji.core.model import RequestContext, Trace
 from sokuji.core.request import STAGES, Priority, Stage, Timeline
 from sokuji.errors import ConfigError, DeadlineExceeded
 from sokuji.llm.request import Finish, Timing
 from sokuji.observability import tracing
 from sokuji.observability.metrics import Metrics
 from sokuji.observability.tracing_spans import SpanSink
+from sokuji.pipelines.config import PipelineConfig, StepConfig
 from sokuji.server import llm_codec
 from tests.conftest import client_for
 
@@ -125,7 +126,7 @@ def test_the_ratio_is_a_share() -> None:
 
 
 # -- spans from stamps ----------------------------------------------------------------------
-def context(trace: tracing.Trace, tenant: str = "acme") -> RequestContext:
+def context(trace: Trace, tenant: str = "acme") -> RequestContext:
     ctx = RequestContext(tenant=tenant, priority=Priority.BATCH, deadline_ns=5_000_000_000,
                          arrival_ns=1_000_000_000, request_id="rid-1", trace=trace)
     trace.ctx = ctx
@@ -348,13 +349,13 @@ def twice(text: str) -> str:
 @pytest.fixture(scope="module")
 def app() -> Iterator[tuple[TestClient, Sink]]:
     here = "tests.unit.test_tracing"
-    steps = (cfg.StepConfig(name="up", kind="python", function=f"{here}:upper",
+    steps = (StepConfig(name="up", kind="python", function=f"{here}:upper",
                             inputs={"question": "input.question"}),
-             cfg.StepConfig(name="twice", kind="python", function=f"{here}:twice",
+             StepConfig(name="twice", kind="python", function=f"{here}:twice",
                             inputs={"text": "up"}))
     config = cfg.validate(cfg.ServerConfig(
         models=(cfg.ModelConfig(name="synth", runtime="synthetic", options={"base_ms": 0.0}),),
-        pipelines=(cfg.PipelineConfig(name="shout", steps=steps),), builtin_pipelines=False,
+        pipelines=(PipelineConfig(name="shout", steps=steps),), builtin_pipelines=False,
         tracing=TracingConfig(enabled=True, sample_ratio=1.0),
         cache_dir=tempfile.mkdtemp(prefix="sokuji-test-")))
     with client_for(config) as client:

@@ -130,7 +130,7 @@ def passage_words(rng: random.Random, target: int, tok: Tokenizer) -> list[str]:
 
 
 def main() -> None:
-    from sokuji.models.minilm import tokenizer_path
+    from sokuji.weights.minilm import tokenizer_path
 
     tok = Tokenizer.from_file(str(tokenizer_path()))
     tok.no_padding()  # the shipped tokenizer.json pads and truncates to 128

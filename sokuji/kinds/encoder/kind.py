@@ -46,8 +46,8 @@ class EncoderKind(Kind):
 
 def runtime_for(model: ModelConfig, path: Path) -> Any:
     """The ONNX runtime of one variant file (the built-in MiniLM brings its tokenizer)."""
-    from sokuji.models import minilm
     from sokuji.runtimes.onnx import OnnxEncoderRuntime
+    from sokuji.weights import minilm
 
     if model.path is None and model.name == DEFAULT_MODEL_NAME:
         return OnnxEncoderRuntime(

@@ -27,7 +27,7 @@ class GeneratorKind(Kind):
 def build_generator(model: ModelConfig, server: ServerConfig) -> Any:
     """The generator (blocking: loads the GGUF, warms up); also what a Ray Serve LLM replica
     builds (``scale/ray_llm.py``)."""
-    from sokuji.core.slo_admission import budgets_for
+    from sokuji.config_ops import budgets_for
     from sokuji.llm.generator import GeneratorModel
     from sokuji.llm.runtime import LlamaRuntime
 

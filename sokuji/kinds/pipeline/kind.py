@@ -1,5 +1,6 @@
-"""Kind ``pipeline``: a ``PipelineModel`` per ``[[pipelines]]`` entry (``PipelineConfig.
-as_model`` carries the entry as its options), built last: its steps call the other models.
+"""Kind ``pipeline``: a ``PipelineModel`` per ``[[pipelines]]`` entry (``model_config`` makes
+the entry a model's config, carrying it as its options), built last: its steps call the
+other models.
 The indexes and feature stores its steps open are shared by every pipeline
 (``BuildEnv.shared``)."""
 
@@ -7,13 +8,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from sokuji.config import ModelConfig, PipelineConfig, ServerConfig
+from sokuji.config import ModelConfig, ServerConfig
 from sokuji.errors import ConfigError
 from sokuji.kinds.kind import BuildEnv, Built, Kind
+from sokuji.pipelines.config import PipelineConfig
 
 
 class PipelineKind(Kind):
     phase = 2  # after the models and routers its steps call
+
+    def model_config(self, pc: PipelineConfig) -> ModelConfig:
+        """How the model-level parts (Triton config, metadata, deadlines) see a pipeline."""
+        return ModelConfig(name=pc.name, runtime="pipeline", version=pc.version,
+                           max_batch_size=1, max_queue_depth=pc.max_concurrency or 1024,
+                           default_timeout_ms=pc.default_timeout_ms, cache=pc.cache,
+                           warmup=False, options={"pipeline": pc})
 
     def parse(self, model: ModelConfig, at: str) -> Any:
         pipeline = model.options.get("pipeline")

@@ -3,7 +3,7 @@
 Exported once to ONNX (legacy TorchScript exporter, opset 17, dynamic batch and sequence axes,
 masked mean pooling and L2 normalisation inside the graph) into the cache directory, and
 rebuilt only when missing. The export runs in a child process (``python -m
-sokuji.models.minilm OUT``) so the server process never imports torch.
+sokuji.weights.minilm OUT``) so the server process never imports torch.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def ensure_onnx(cache_dir: str | Path, source: Path | None = None) -> Path:
     log.info("exporting %s to %s (once; torch is imported in a child process)",
              source or "minilm", target)
     extra = [str(source)] if source is not None else []
-    proc = subprocess.run([sys.executable, "-m", "sokuji.models.minilm", str(target), *extra],
+    proc = subprocess.run([sys.executable, "-m", "sokuji.weights.minilm", str(target), *extra],
                           capture_output=True, text=True, check=False)
     if proc.returncode != 0 or not target.is_file():
         raise ConfigError.for_key("models.minilm", str(target),

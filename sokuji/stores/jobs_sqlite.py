@@ -43,7 +43,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sokuji.core.job import (  # noqa: F401 - the store contract, re-exported
+from sokuji.core.job import (
     CALLBACK_PENDING,
     DEFAULT_LEASE_S,
     DEFAULT_RESULT_TTL_S,
@@ -52,7 +52,6 @@ from sokuji.core.job import (  # noqa: F401 - the store contract, re-exported
     Clock,
     Job,
     JobStatus,
-    JobStoreProtocol,
     QuotaHit,
     Usage,
     translated,

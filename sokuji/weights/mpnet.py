@@ -36,7 +36,7 @@ from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 
 from sokuji.errors import ConfigError
-from sokuji.models import minilm
+from sokuji.weights import minilm
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,5 @@
-"""The job store's contract (``core/jobs.py``) on Redis, for replicas that share their jobs.
+"""The job store's contract (``core/job.py``; described in ``jobs_sqlite.py``) on Redis, for
+replicas that share their jobs.
 
 Layout under the prefix ``P``: a hash per job (``P job:<id>``); ``P jobs:queued`` (a list, in
 line), ``P jobs:leases`` (running jobs, scored by when their lease ends) and
