@@ -58,12 +58,11 @@ from sokuji.routing.upstream_http import (
     UpstreamRejected,
     UpstreamTimeout,
     UpstreamUnavailable,
-    parse_retry_after,
 )
 from sokuji.routing.upstream_stream import UpstreamGeneration
 
 __all__ = ["UpstreamFailed", "UpstreamModel", "UpstreamOverloaded", "UpstreamRejected",
-           "UpstreamTimeout", "UpstreamUnavailable", "parse_retry_after"]
+           "UpstreamTimeout", "UpstreamUnavailable"]
 
 log = logging.getLogger(__name__)
 _TOTAL = re.compile(r"(?:^|,)\s*total;dur=([0-9.]+)")
