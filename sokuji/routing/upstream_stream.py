@@ -1,6 +1,6 @@
 """Generation through an OpenAI-compatible upstream (another Sokuji, llama-server, vLLM): a
 handle that reads the upstream's server-sent events and yields the same ``Delta`` /
-``Finish`` events as a local generation (``llm/request.py``), so ``llm_api`` streams it
+``Finish`` events as a local generation (``core/events.py``), so ``llm_api`` streams it
 unchanged. (The request body: ``upstream_codec.completion_request``.)
 
 The upstream is always asked to stream (``stream_options.include_usage`` for its token
