@@ -8,14 +8,17 @@ import asyncio
 import codecs
 import itertools
 import time
-from collections import deque
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from sokuji.core import timing
+from sokuji.core.events import Delta, Event, EventQueue, Finish
 from sokuji.core.request import Priority
-from sokuji.errors import SokujiError
+
+# Delta and Finish live with the event stream (core/events.py); named here too for the
+# modules that take them with the rest of a generation.
+__all__ = ["Delta", "Finish", "GenerationHandle", "GenerationRequest", "SamplingParams",
+           "TextAssembler", "Timing", "now_ns"]
 
 
 @dataclass(frozen=True)
@@ -101,60 +104,7 @@ class Timing:
         return timing.render(self.timing_entries())
 
 
-@dataclass(frozen=True)
-class Delta:
-    text: str
-    tokens: int
-    """Generated tokens so far."""
-
-
-@dataclass(frozen=True)
-class Finish:
-    reason: str
-    """stop | length | cancelled | deadline | error"""
-    completion_tokens: int
-    error: SokujiError | None = None
-    """Why it failed (reason deadline: ``DeadlineExceeded``; error: ``ModelNotReady`` when
-    the server shuts down, ``RuntimeFailed`` otherwise); None when it did not."""
-
-
-@dataclass(frozen=True)
-class Generated:
-    """A whole generation's output."""
-
-    text: str
-    finish: Finish
-
-
-class EventStream:
-    """``events()`` and ``result()`` over a handle's ``next_events()``: shared by every
-    generation handle (local, upstream, routed)."""
-
-    async def next_events(self) -> list[Delta | Finish]:
-        raise NotImplementedError
-
-    async def events(self) -> AsyncIterator[Delta | Finish]:
-        """Each event as it comes: ``Delta``s, then one ``Finish`` (whatever its reason)."""
-        while True:
-            for event in await self.next_events():
-                yield event
-                if isinstance(event, Finish):
-                    return
-
-    async def result(self) -> Generated:
-        """The whole text and its finish; raises the error a failed generation carries."""
-        texts: list[str] = []
-        async for event in self.events():
-            if isinstance(event, Delta):
-                texts.append(event.text)
-            elif event.error is not None:
-                raise event.error
-            else:
-                return Generated("".join(texts), event)
-        raise AssertionError("unreachable: events() ends with a Finish")
-
-
-class GenerationRequest(EventStream):
+class GenerationRequest(EventQueue):
     """Created on the event loop; the engine thread fills ``timing`` and pushes events."""
 
     def __init__(self, model: str, prompt: list[int], params: SamplingParams,
@@ -176,30 +126,14 @@ class GenerationRequest(EventStream):
         generation are part of the request's time)."""
         self.cancelled = False
         self._loop = loop
-        self._events: deque[Delta | Finish] = deque()
-        self._wake = asyncio.Event()
+        super().__init__()
 
-    # -- engine thread --------------------------------------------------------------------
-    def push(self, event: Delta | Finish) -> None:
-        self._loop.call_soon_threadsafe(self._deliver, event)
+    def push(self, event: Event) -> None:
+        """From the engine thread: the event goes to the loop."""
+        self._loop.call_soon_threadsafe(self.put, event)
 
-    def _deliver(self, event: Delta | Finish) -> None:
-        self._events.append(event)
-        self._wake.set()
-
-    # -- event loop -----------------------------------------------------------------------
     def cancel(self) -> None:
         self.cancelled = True
-
-    async def next_events(self) -> list[Delta | Finish]:
-        """Wait for, and take, the events delivered so far (at least one)."""
-        while not self._events:
-            self._wake.clear()
-            await self._wake.wait()
-        out = list(self._events)
-        self._events.clear()
-        return out
-
 
 
 class GenerationHandle(Protocol):
@@ -209,7 +143,7 @@ class GenerationHandle(Protocol):
     @property
     def timing(self) -> Timing: ...
 
-    async def next_events(self) -> list[Delta | Finish]: ...
+    async def next_events(self) -> list[Event]: ...
 
     def cancel(self) -> None: ...
 

@@ -8,8 +8,8 @@ admitted like one, its steps run by ``run.py``.
   ones: required present, unknown refused, strings / lists of strings / a chat's messages.
 - ``submit(prepared, ctx)``: starts every step (``Run``); the handle's ``result()`` is the
   answer step's output (a generator's whole text), ``extra`` the extra outputs.
-- As a generator (its answer step generates text), ``submit_generation`` returns a handle
-  that quacks like a ``GenerationRequest`` (``next_events``, ``timing``, ``cancel``): the
+- As a generator (its answer step generates text), ``submit_generation`` returns an
+  ``EventStream`` (``core/events.py``) with a ``timing``, as a ``GenerationRequest`` is: the
   OpenAI endpoints stream it unchanged. Its ``timing`` is the answer's generation timing,
   arrival at the pipeline's arrival, with the steps' entries in front.
 """
@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sokuji.core import timing
+from sokuji.core.events import Event, EventStream, Finish
 from sokuji.core.model import (
     Capacity,
     GenerationInput,
@@ -33,7 +34,7 @@ from sokuji.core.model import (
     TensorSpec,
 )
 from sokuji.errors import InvalidInput, Overloaded, SokujiError
-from sokuji.llm.request import Finish, Timing
+from sokuji.llm.request import Timing
 from sokuji.pipelines.config import PipelineConfig
 from sokuji.pipelines.graph import Graph
 from sokuji.pipelines.run import Answer, Run, StepFn
@@ -203,7 +204,7 @@ class PipelineSubmission:
         self.task.cancel()
 
 
-class PipelineGeneration:
+class PipelineGeneration(EventStream):
     """A pipeline whose answer is generated, as the OpenAI endpoints see a generation:
     ``next_events()`` waits for the steps before the answer, then relays the answer's
     ``Delta``s and ``Finish``; a failed step becomes a ``Finish`` carrying its error."""
@@ -219,7 +220,7 @@ class PipelineGeneration:
         self._open = True
         self.task = run.start()
 
-    async def next_events(self) -> list[Any]:
+    async def next_events(self) -> list[Event]:
         if self.gen is None:
             try:
                 self.gen = await self.task
@@ -256,13 +257,6 @@ class PipelineGeneration:
             self.run.cancel()
             self.task.cancel()
         self._close()
-
-    async def events(self) -> AsyncIterator[Any]:
-        while True:
-            for event in await self.next_events():
-                yield event
-                if isinstance(event, Finish):
-                    return
 
 
 class PipelineTiming(Timing):

@@ -14,18 +14,19 @@ from __future__ import annotations
 
 import json
 import math
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from sokuji import http_client
 from sokuji.errors import ConfigError
 
 SCHEMA = "sokuji.bench/1"  # sokuji.bench.report.SCHEMA, without importing matplotlib's users
 STREAMING_TARGETS = ("openai-completions", "openai-chat")
+MAX_STATS_BYTES = 64 * 1024 * 1024
+"""The most a server's ``/config`` or ``/stats`` answer may be."""
 
 
 @dataclass(frozen=True)
@@ -214,15 +215,21 @@ class ServerInfo:
 
 
 def _get_json(url: str, headers: dict[str, str]) -> Any:
-    req = urllib.request.Request(url, headers=headers)
+    """The JSON answer to GET ``url`` (redirects are not followed: a 3xx is refused)."""
     try:
-        with urllib.request.urlopen(req, timeout=10) as r:
-            return json.loads(r.read())
-    except urllib.error.HTTPError as exc:
-        raise ConfigError(f"--stats: GET {url} answered {exc.code}"
+        reply = http_client.request("GET", url, headers=headers, timeout_s=10,
+                                    max_bytes=MAX_STATS_BYTES)
+    except http_client.Unreachable as exc:
+        raise ConfigError(f"--stats: GET {url} failed: {exc}") from None
+    if not reply.ok:
+        raise ConfigError(f"--stats: GET {url} answered {reply.status}"
                           + (" (a key is needed: --header 'Authorization: Bearer ...')"
-                             if exc.code in (401, 403) else "")) from None
-    except (OSError, ValueError) as exc:
+                             if reply.status in (401, 403) else ""))
+    if reply.truncated:
+        raise ConfigError(f"--stats: GET {url} answered more than {MAX_STATS_BYTES} bytes")
+    try:
+        return json.loads(reply.body)
+    except ValueError as exc:
         raise ConfigError(f"--stats: GET {url} failed: {exc}") from None
 
 

@@ -18,8 +18,8 @@ target is left the router answers 503 with ``Retry-After`` = :meth:`Breaker.retr
   not reported after ``max_cooldown_s`` is taken as lost (a bug should not keep a target
   skipped for ever): the next request becomes the probe.
 - **Retry-After**: a target that answers 429 / 503 with ``Retry-After`` opens at once for that
-  long (capped at ``max_cooldown_s``): the target said so. :func:`parse_retry_after` reads
-  both of RFC 9110's forms (delay-seconds and an HTTP-date).
+  long (capped at ``max_cooldown_s``): the target said so (``core/retry_after.py`` reads
+  the header).
 
 Decisions are pure: time comes from the injected ``clock``; no threads or asyncio (the router
 calls it from its event loop). Each transition is logged once (WARNING when it opens, INFO
@@ -34,7 +34,6 @@ extends the open period.
 
 from __future__ import annotations
 
-import email.utils
 import enum
 import logging
 import math
@@ -177,24 +176,3 @@ class Breaker:
                 why)
         if self._on_transition is not None:
             self._on_transition(self.name, state)
-
-
-def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
-    """Seconds to wait from a ``Retry-After`` header (RFC 9110 §10.2.3): delay-seconds or an
-    HTTP-date (``now``: the wall clock, ``time.time()`` by default). None when absent,
-    malformed or negative; 0.0 for a date in the past."""
-    if value is None:
-        return None
-    text = value.strip()
-    if not text:
-        return None
-    if text.isascii() and text.isdigit():
-        return float(int(text))
-    try:
-        when = email.utils.parsedate_to_datetime(text)
-    except (TypeError, ValueError, IndexError, OverflowError):
-        return None
-    if when is None or when.tzinfo is None:
-        return None  # RFC 9110 dates are GMT; one without a zone is not an HTTP-date
-    current = time.time() if now is None else now
-    return max(0.0, when.timestamp() - current)

@@ -18,9 +18,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from sokuji.core.events import EventStream, Finish
 from sokuji.core.model import RequestContext
 from sokuji.errors import SokujiError
-from sokuji.llm.request import EventStream, Finish, Timing
+from sokuji.llm.request import Timing
 from sokuji.routing.attempts import Attempts, PreparedRoute, RouteInfo, Target
 from sokuji.routing.config import RouterOptions
 

@@ -27,14 +27,13 @@ import logging
 import os
 import re
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import orjson
 
+from sokuji import http_client
 from sokuji.config import ModelConfig
 from sokuji.core import policy
 from sokuji.core.model import (
@@ -59,12 +58,11 @@ from sokuji.routing.upstream_http import (
     UpstreamRejected,
     UpstreamTimeout,
     UpstreamUnavailable,
-    parse_retry_after,
 )
 from sokuji.routing.upstream_stream import UpstreamGeneration
 
 __all__ = ["UpstreamFailed", "UpstreamModel", "UpstreamOverloaded", "UpstreamRejected",
-           "UpstreamTimeout", "UpstreamUnavailable", "parse_retry_after"]
+           "UpstreamTimeout", "UpstreamUnavailable"]
 
 log = logging.getLogger(__name__)
 _TOTAL = re.compile(r"(?:^|,)\s*total;dur=([0-9.]+)")
@@ -202,29 +200,33 @@ class UpstreamModel(ModelBase):
 
     def _fetch(self, path: str, body: bytes | None, timeout_s: float) -> Any:
         """GET (or POST ``body``) at load; the JSON answer, None if the upstream cannot be
-        reached, a ``ConfigError`` if it answered that the configuration is wrong."""
+        reached, a ``ConfigError`` if it answered that the configuration is wrong. Redirects
+        are not followed (a 3xx is such an answer); the body is bounded by
+        ``max_response_bytes``."""
         opts = self.options
         headers = {"content-type": "application/json", "user-agent": "sokuji-upstream"}
         if self.client.default_key:
             headers["authorization"] = f"Bearer {self.client.default_key}"
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirect())
-        req = urllib.request.Request(self.client.base + path, data=body, headers=headers)
         where = f"model '{self.name}': the upstream at {opts.url}"
         try:
-            with opener.open(req, timeout=timeout_s) as resp:
-                data = resp.read(opts.max_response_bytes + 1)
-        except urllib.error.HTTPError as exc:
-            if exc.code >= 500 or exc.code == 429:
-                log.warning("%s answered %d at load", where, exc.code)
-                return None
-            raise ConfigError(f"{where} answered {exc.code} to {path}: check "
-                              "upstream_model, the url and the key", param=f"models.{self.name}"
-                              ) from None
-        except (OSError, ValueError) as exc:
+            reply = http_client.request("GET" if body is None else "POST",
+                                        self.client.base + path, headers=headers, body=body,
+                                        timeout_s=timeout_s, max_bytes=opts.max_response_bytes)
+        except http_client.Unreachable as exc:
             log.warning("%s cannot be reached at load: %s", where, exc)
             return None
+        if reply.status >= 500 or reply.status == 429:
+            log.warning("%s answered %d at load", where, reply.status)
+            return None
+        if not reply.ok:
+            raise ConfigError(f"{where} answered {reply.status} to {path}: check "
+                              "upstream_model, the url and the key", param=f"models.{self.name}")
+        if reply.truncated:
+            raise ConfigError(f"{where} answered more than max_response_bytes "
+                              f"({opts.max_response_bytes}) to {path}",
+                              param=f"models.{self.name}")
         try:
-            return orjson.loads(data)
+            return orjson.loads(reply.body)
         except orjson.JSONDecodeError:
             raise ConfigError(f"{where} did not answer JSON to {path}",
                               param=f"models.{self.name}") from None
@@ -387,8 +389,3 @@ class UpstreamModel(ModelBase):
 
     def close(self) -> None:
         pass
-
-
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
-        return None  # a 3xx is then an HTTPError: never followed

@@ -26,52 +26,29 @@ from what the upstream answered (or failed to) to Sokuji's typed errors.
 from __future__ import annotations
 
 import asyncio
-import email.utils
-import math
-import re
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from datetime import UTC
 from typing import Any
 
 import aiohttp
 import orjson
 
 from sokuji.core.model import RequestContext, Trace
+from sokuji.core.retry_after import parse_retry_after
 from sokuji.core.trace import NO_HOP, Hop
 from sokuji.errors import DeadlineExceeded, Overloaded, SokujiError
 from sokuji.observability.tracing import valid_traceparent
 from sokuji.routing.config import UpstreamOptions
 
-RETRY_AFTER_CAP_S = 3600
 ERROR_BODY_CHARS = 500
 """Of an upstream's error message, at most this much reaches our client."""
 ERROR_READ_BYTES = 16 * 1024
 OnAttempt = Callable[[str, int | str, float], None]
 """(upstream model's served name, HTTP status or a word: connect_error, disconnected,
 timeout, too_large, stream_error, cancelled; seconds): once per HTTP attempt."""
-_DELAY = re.compile(r"\A[0-9]{1,12}\Z")
 _CLIENT_FAULT = {400: "invalid_input", 404: "not_found", 413: "payload_too_large",
                  415: "unsupported_media_type", 422: "invalid_input"}
-
-
-def parse_retry_after(value: str | None, now: float | None = None) -> int | None:
-    """RFC 9110 ``Retry-After`` in whole seconds: delay-seconds or an HTTP-date (a date in
-    the past: 0), capped at ``RETRY_AFTER_CAP_S``; None for none, garbage or a negative."""
-    if value is None:
-        return None
-    text = value.strip()
-    if _DELAY.match(text):
-        return min(int(text), RETRY_AFTER_CAP_S)
-    try:
-        when = email.utils.parsedate_to_datetime(text)
-    except (TypeError, ValueError, IndexError, OverflowError):
-        return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    left = when.timestamp() - (time.time() if now is None else now)
-    return min(max(0, math.ceil(left)), RETRY_AFTER_CAP_S)
 
 
 # -- errors ---------------------------------------------------------------------------------

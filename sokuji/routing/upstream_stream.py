@@ -1,6 +1,6 @@
 """Generation through an OpenAI-compatible upstream (another Sokuji, llama-server, vLLM): a
 handle that reads the upstream's server-sent events and yields the same ``Delta`` /
-``Finish`` events as a local generation (``llm/request.py``), so ``llm_api`` streams it
+``Finish`` events as a local generation (``core/events.py``), so ``llm_api`` streams it
 unchanged. (The request body: ``upstream_codec.completion_request``.)
 
 The upstream is always asked to stream (``stream_options.include_usage`` for its token
@@ -20,16 +20,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 import aiohttp
 import orjson
 
+from sokuji.core.events import Delta, EventQueue, Finish
 from sokuji.core.model import RequestContext
 from sokuji.errors import DeadlineExceeded, SokujiError
-from sokuji.llm.request import Delta, EventStream, Finish, Timing
+from sokuji.llm.request import Timing
 from sokuji.routing.upstream_codec import SseParser
 from sokuji.routing.upstream_http import (
     Attempt,
@@ -42,7 +42,7 @@ from sokuji.routing.upstream_http import (
 log = logging.getLogger(__name__)
 
 
-class UpstreamGeneration(EventStream):
+class UpstreamGeneration(EventQueue):
     """One generation on the upstream: a ``GenerationHandle`` (``llm/request.py``)."""
 
     def __init__(self, client: UpstreamClient, path: str, body: bytes, chat: bool,
@@ -54,13 +54,12 @@ class UpstreamGeneration(EventStream):
         """A pipeline passes its own (its steps before this generation are its time)."""
         self.timing.submitted_ns = time.perf_counter_ns()
         self.completion_tokens = 0
-        self._events: deque[Delta | Finish] = deque()
-        self._wake = asyncio.Event()
         self._finished = False
         self._reason: str | None = None
         self._counted = 0
         """Deltas seen (the token count when the upstream gives no usage)."""
         self._on_done = on_done
+        super().__init__()
         self._task = asyncio.get_running_loop().create_task(self._run(path, body, ctx))
         self._task.add_done_callback(self._done)
 
@@ -70,28 +69,14 @@ class UpstreamGeneration(EventStream):
         if not self._finished:
             self._task.cancel()
 
-    async def next_events(self) -> list[Delta | Finish]:
-        """Wait for, and take, the events delivered so far (at least one)."""
-        while not self._events:
-            self._wake.clear()
-            await self._wake.wait()
-        out = list(self._events)
-        self._events.clear()
-        return out
-
-
     # -- the upstream's side --------------------------------------------------------------
-    def _push(self, event: Delta | Finish) -> None:
-        self._events.append(event)
-        self._wake.set()
-
     def _finish(self, reason: str, error: SokujiError | None = None) -> None:
         """The one ``Finish``; the model's count of requests in flight goes down with it."""
         if self._finished:
             return
         self._finished = True
         self.timing.end_ns = time.perf_counter_ns()
-        self._push(Finish(reason, self.completion_tokens, error))
+        self.put(Finish(reason, self.completion_tokens, error))
         self._on_done()
 
     async def _run(self, path: str, body: bytes, ctx: RequestContext) -> None:
@@ -198,7 +183,7 @@ class UpstreamGeneration(EventStream):
             self.timing.token_ns.append(now)
             self._counted += 1
             self.completion_tokens = max(self.completion_tokens, self._counted)
-            self._push(Delta(text, self.completion_tokens))
+            self.put(Delta(text, self.completion_tokens))
         reason = choice.get("finish_reason")
         if isinstance(reason, str) and reason:
             self._reason = reason

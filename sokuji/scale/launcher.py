@@ -21,10 +21,9 @@ import signal
 import socket
 import threading
 import time
-import urllib.error
-import urllib.request
 from typing import Any
 
+from sokuji import http_client
 from sokuji.config import ServerConfig
 from sokuji.errors import ConfigError
 from sokuji.scale import ray_env
@@ -40,11 +39,13 @@ def _ready(url: str, timeout_s: float) -> None:
     last = ""
     while time.monotonic() < until:
         try:
-            with urllib.request.urlopen(url, timeout=5) as r:
-                if r.status == 200:
-                    return
-        except (urllib.error.URLError, OSError) as exc:
+            status = http_client.request("GET", url, timeout_s=5, max_bytes=4096).status
+        except http_client.Unreachable as exc:
             last = str(exc)
+        else:
+            if status == 200:
+                return
+            last = f"HTTP {status}"
         time.sleep(0.2)
     raise RuntimeError(f"{url} not ready after {timeout_s:.0f} s ({last})")
 

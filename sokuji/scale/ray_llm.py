@@ -29,7 +29,6 @@ import logging
 import math
 import os
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,13 +44,14 @@ from ray.serve.handle import DeploymentHandle
 from sokuji import errors
 from sokuji.config import ModelConfig, ServerConfig
 from sokuji.core import policy
+from sokuji.core.events import Delta, EventQueue, Finish
 from sokuji.core.model import Capacity, GenerationInput, RequestContext
 from sokuji.core.request import Priority
 from sokuji.llm import native
 from sokuji.llm.chat import ChatTemplate
 from sokuji.llm.generator import GeneratorModel, PreparedGeneration
 from sokuji.llm.prompt import PromptBuilder
-from sokuji.llm.request import Delta, EventStream, Finish, SamplingParams, Timing
+from sokuji.llm.request import SamplingParams, Timing
 from sokuji.llm.runtime import LlamaRuntime
 
 log = logging.getLogger(__name__)
@@ -298,7 +298,7 @@ def _as_error(model: RemoteGenerator, exc: BaseException) -> errors.SokujiError:
     return errors.RuntimeFailed(f"model '{model.name}': {type(exc).__name__}")
 
 
-class RemoteGeneration(EventStream):
+class RemoteGeneration(EventQueue):
     """One generation on an LLM replica: a ``GenerationHandle`` (``llm/request.py``)."""
 
     def __init__(self, model: RemoteGenerator, prepared: PreparedGeneration,
@@ -310,10 +310,10 @@ class RemoteGeneration(EventStream):
         self.timing.submitted_ns = time.perf_counter_ns()
         self.served_by = ""
         """The LLM replica that generates (``llm_api``: ``x-sokuji-served-by``)."""
-        self._events: deque[Delta | Finish] = deque()
-        self._wake, self._finished, self._tokens = asyncio.Event(), False, 0
+        self._finished, self._tokens = False, 0
         self._shift: int | None = None
         """This clock less the replica's offsets (known once the first batch arrived)."""
+        super().__init__()
         model.in_flight += 1
         self._task = asyncio.get_running_loop().create_task(self._run(prepared, session, ctx))
         self._task.add_done_callback(self._done)
@@ -321,14 +321,6 @@ class RemoteGeneration(EventStream):
     def cancel(self) -> None:
         if not self._finished:
             self._task.cancel()
-
-    async def next_events(self) -> list[Delta | Finish]:
-        while not self._events:
-            self._wake.clear()
-            await self._wake.wait()
-        out = list(self._events)
-        self._events.clear()
-        return out
 
     def _push(self, event: Delta | Finish) -> None:
         if self._finished:
@@ -343,8 +335,7 @@ class RemoteGeneration(EventStream):
                 self.model.drain.observe(1, (t.end_ns - t.admitted_ns) / 1e9)
         else:
             self._tokens = event.tokens
-        self._events.append(event)
-        self._wake.set()
+        self.put(event)
 
     def _fail(self, error: errors.SokujiError) -> None:
         reason = "deadline" if isinstance(error, errors.DeadlineExceeded) else "error"

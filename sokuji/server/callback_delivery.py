@@ -12,9 +12,10 @@ redirects, short outcomes.
   change), then POST with aiohttp through a resolver that answers only the vetted address, so
   the connection cannot go anywhere else; the Host header and the TLS server name stay the
   URL's. A 2xx is ``delivered``; no answer, a timeout, 408, 429, 5xx, or a host that does not
-  resolve are tried again after ``ATTEMPT_DELAYS_S``; a 3xx (redirects are never followed)
-  or another 4xx is ``failed``; an address the policy refuses is ``refused``. The remote's
-  status and error text are logged, never stored for the client.
+  resolve are tried again after a backoff (``RETRY``), up to ``MAX_ATTEMPTS`` attempts; a
+  3xx (redirects are never followed) or another 4xx is ``failed``; an address the policy
+  refuses is ``refused``. The remote's status and error text are logged, never stored for
+  the client.
 - **Signature** (Stripe / Standard Webhooks style): ``X-Sokuji-Timestamp: <unix seconds>`` and
   ``X-Sokuji-Signature: v1=<hex HMAC-SHA256(key, "<timestamp>." + body)>``, with
   ``X-Sokuji-Tenant`` and ``X-Sokuji-Job-Id``. The key is the UTF-8 bytes of the submitting
@@ -46,13 +47,16 @@ from pathlib import Path
 from typing import Any
 
 from sokuji.config import ServerConfig
+from sokuji.core.backoff import Backoff
 from sokuji.core.job import CALLBACK_PENDING, Job, JobStoreProtocol
+from sokuji.core.poll_loop import PollLoop
 from sokuji.errors import ConfigError, Overloaded, StoreUnavailable
 from sokuji.server.callbacks import Allowlist, CallbackPolicy, CallbackRefused, Target
 
 log = logging.getLogger(__name__)
-ATTEMPT_DELAYS_S = (0.5, 1.0, 2.0, 4.0, 8.0)
-"""Waits before the second and later attempts (transient outcomes)."""
+RETRY = Backoff(base_s=0.5, cap_s=8.0)
+"""Waits before the second and later attempts (transient outcomes): 0.5 s doubling to 8 s."""
+MAX_ATTEMPTS = 6
 MAX_DELIVERIES = 64
 """Attempts in flight at once, all tenants together."""
 MAX_DELIVERIES_PER_TENANT = 4
@@ -235,25 +239,26 @@ class DeliveryQueue:
         self.credentials = credentials
         self.lease_s = lease_s
         """An attempt's lease in the store: longer than an attempt can take."""
-        self._wake = asyncio.Event()
+        self._poll = PollLoop(IDLE_POLL_S)
         self._in_flight: dict[str, str] = {}
         """Job id -> tenant, of the attempts running now."""
         self._tasks: set[asyncio.Task[None]] = set()
 
     def wake(self) -> None:
         """Look for due callbacks now (a job finished, an attempt ended)."""
-        self._wake.set()
+        self._poll.wake()
 
     async def run(self) -> None:
         """Until cancelled; then the attempts in flight are cancelled too (their callbacks are
         due again when their leases pass)."""
+
+        async def start_due() -> bool:
+            with contextlib.suppress(StoreUnavailable):  # logged by the store
+                await self._start_due()
+            return False  # the next look: when woken, or the idle poll
+
         try:
-            while True:
-                self._wake.clear()
-                with contextlib.suppress(StoreUnavailable):  # logged by the store
-                    await self._start_due()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), IDLE_POLL_S)
+            await self._poll.run(start_due)
         finally:
             for task in self._tasks:
                 task.cancel()
@@ -290,11 +295,11 @@ class DeliveryQueue:
             body = payload(job.id, job.result_status or 0, job.result_headers or {},
                            job.result_body or b"")
             outcome = await self.sender.attempt(job, body, secret, allow)
-            if outcome is Outcome.RETRY and job.callback_attempts <= len(ATTEMPT_DELAYS_S):
-                delay_s = ATTEMPT_DELAYS_S[job.callback_attempts - 1]
+            if outcome is Outcome.RETRY and job.callback_attempts < MAX_ATTEMPTS:
+                delay_s = RETRY.delay_s(job.callback_attempts)
                 await self._patiently(self.store.set_callback_status, job.id,
                                       CALLBACK_PENDING, delay_s)
-                asyncio.get_running_loop().call_later(delay_s, self.wake)
+                self._poll.wake_in(delay_s)
                 return
             final = Outcome.FAILED if outcome is Outcome.RETRY else outcome
             await self._patiently(self.store.set_callback_status, job.id, final.value)

@@ -36,7 +36,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 import re
 import time
 from collections.abc import Awaitable, Callable, Coroutine
@@ -47,7 +46,10 @@ from typing import Any, TypeVar
 from starlette.types import Receive
 
 from sokuji.config import ServerConfig
+from sokuji.core.backoff import Backoff
 from sokuji.core.job import Job, JobStatus, JobStoreProtocol, QuotaHit
+from sokuji.core.poll_loop import PollLoop
+from sokuji.core.retry_after import parse_retry_after
 from sokuji.errors import (
     Forbidden,
     NotFound,
@@ -72,17 +74,18 @@ JOBS_PREFIX = "/v2/jobs/"
 KEPT_HEADERS = ("content-type", "inference-header-content-length", "cache-control")
 """Request headers a job keeps (besides its settled priority)."""
 TRANSIENT = frozenset({429, 503, 504})
-RETRY_BASE_S = 0.5
-"""First backoff of a transient answer; it doubles with each run, up to ``RETRY_MAX_S``."""
-RETRY_MAX_S = 60.0
+RETRY_BACKOFF = Backoff(base_s=0.5, cap_s=60.0, jitter=0.25)
+"""The wait before a job whose answer was transient runs again: 0.5 s doubling with each
+run up to 60 s, and up to 25% more so that jobs refused together do not come back together
+(``backoff_s``)."""
 QUOTA_RETRY_AFTER_S = 1
 BYTES_RETRY_AFTER_S = 60
 IDLE_POLL_S = 1.0
 """An idle runner looks for work this often: due retries, and jobs other replicas queued."""
 PURGE_EVERY_S = 60.0
 STORE_THREADS = 4
-STORE_BACKOFF_S = (0.1, 5.0)
-"""The runner's waits while the store is down: from the first, doubling, to the last."""
+STORE_BACKOFF = Backoff(base_s=0.1, cap_s=5.0)
+"""The runner's waits while the store is down: 0.1 s doubling up to 5 s."""
 DELIVERY_LEASE_MARGIN_S = 10.0
 _JOB_ID = re.compile(r"[0-9a-f]{32}")
 
@@ -118,7 +121,8 @@ class JobService:
         self._pool = ThreadPoolExecutor(STORE_THREADS, thread_name_prefix="sokuji-jobs")
         self._respond: Respond | None = None
         self._check: CheckModel | None = None
-        self._wake = asyncio.Event()
+        self._poll = PollLoop(IDLE_POLL_S)
+        """The dispatcher's: woken by a submission, a due retry, a recovered lease."""
         self._tasks: set[asyncio.Task[Any]] = set()
         self._held: set[str] = set()
         """Jobs this process is running (their leases are renewed)."""
@@ -130,13 +134,12 @@ class JobService:
     async def _patiently(self, fn: Callable[..., T], *args: Any) -> T:
         """A store call for the runner: while the store is unavailable, wait and try again
         (work already accepted must not be dropped because Redis blinked)."""
-        wait_s = STORE_BACKOFF_S[0]
+        waits = STORE_BACKOFF.delays()
         while True:
             try:
                 return await self._io(fn, *args)
             except StoreUnavailable:
-                await asyncio.sleep(wait_s)
-                wait_s = min(STORE_BACKOFF_S[1], wait_s * 2)
+                await asyncio.sleep(next(waits))
 
     # --- HTTP ------------------------------------------------------------------------------
     async def submit(self, path: str, headers: Headers, receive: Receive,
@@ -169,7 +172,7 @@ class JobService:
                                 tenant.name, path, kept, body, callback, limit)
         if isinstance(job_id, QuotaHit):
             raise self._refusal(tenant.name, limit, job_id)
-        self._wake.set()
+        self._poll.wake()
         location = f"{JOBS_PREFIX}{job_id}"
         return json_reply({"id": job_id, "status": JobStatus.QUEUED.value,
                            "location": location}, 202,
@@ -254,18 +257,19 @@ class JobService:
         if recovered:
             log.info("jobs: %d interrupted job(s) queued again", recovered)
         slots = asyncio.Semaphore(self.jobs.concurrency)
-        while True:
+
+        async def claim() -> bool:
             await slots.acquire()
-            self._wake.clear()  # before claiming: a submission from now on sets it again
             job = await self._patiently(self.store.claim)
             if job is None:
                 slots.release()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), IDLE_POLL_S)
-                continue
+                return False
             self._held.add(job.id)
             task = self._spawn(self._process(job))
             task.add_done_callback(lambda _: slots.release())
+            return True
+
+        await self._poll.run(claim)
 
     async def _keep_leases(self) -> None:
         """Every third of a lease: renew this process's, and requeue expired ones."""
@@ -278,7 +282,7 @@ class JobService:
                 if recovered:
                     log.info("jobs: %d job(s) whose runner stopped renewing queued again",
                              recovered)
-                    self._wake.set()
+                    self._poll.wake()
 
     async def _process(self, job: Job) -> None:
         try:
@@ -290,7 +294,7 @@ class JobService:
                 if await self._patiently(self.store.retry, job.id, delay_s):
                     log.info("job %s: answer %d, run %d of %d again in %.1f s", job.id,
                              reply.status, job.attempts + 1, self.jobs.max_attempts, delay_s)
-                    asyncio.get_running_loop().call_later(delay_s, self._wake.set)
+                    self._poll.wake_in(delay_s)
                 return
             if not await self._patiently(self.store.complete, job.id, reply.status,
                                          reply.headers, reply.body):
@@ -365,10 +369,6 @@ class JobService:
 
 
 def backoff_s(attempts: int, retry_after: str | None) -> float:
-    """The wait before run ``attempts + 1``: doubling from ``RETRY_BASE_S``, at least the
-    answer's Retry-After (seconds), at most ``RETRY_MAX_S``; with up to 25% jitter so jobs
-    refused together do not come back together."""
-    delay = RETRY_BASE_S * 2 ** max(0, attempts - 1)
-    if retry_after is not None and retry_after.strip().isdigit():
-        delay = max(delay, float(retry_after.strip()))
-    return min(RETRY_MAX_S, delay) * random.uniform(1.0, 1.25)
+    """The wait before run ``attempts + 1`` (``RETRY_BACKOFF``): at least the answer's
+    ``Retry-After``, if it has one."""
+    return RETRY_BACKOFF.delay_s(attempts, parse_retry_after(retry_after) or 0)

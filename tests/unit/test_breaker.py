@@ -1,17 +1,15 @@
 """The per-target circuit breaker (sokuji/routing/breaker.py) on a fake clock: closed -> open
 after N failures in a row, open skips with Retry-After, exactly one half-open probe, success
 closes, a failed probe doubles the cool-down up to the cap, a target's Retry-After opens at
-once, release frees the probe; Retry-After header parsing."""
+once, release frees the probe. (The Retry-After header: test_retry_after.py.)"""
 
 from __future__ import annotations
 
 import logging
-from datetime import UTC, datetime
-from email.utils import format_datetime
 
 import pytest
 
-from sokuji.routing.breaker import Breaker, BreakerState, parse_retry_after
+from sokuji.routing.breaker import Breaker, BreakerState
 from sokuji.routing.config import BreakerOptions
 
 
@@ -174,24 +172,3 @@ def test_each_transition_is_logged_once(caplog: pytest.LogCaptureFixture) -> Non
                       (logging.INFO, "breaker far closed")]
     assert len(moves) == 3
     assert b.snapshot()["state"] == "closed"
-
-
-NOW = 1_800_000_000.0
-
-
-@pytest.mark.parametrize(("header", "expected"), [
-    ("120", 120.0),
-    (" 7 ", 7.0),
-    ("0", 0.0),
-    (format_datetime(datetime.fromtimestamp(NOW + 30, UTC), usegmt=True), 30.0),
-    (format_datetime(datetime.fromtimestamp(NOW - 30, UTC), usegmt=True), 0.0),
-    ("-5", None),
-    ("1.5", None),
-    ("soon", None),
-    ("", None),
-    (None, None),
-    ("Wed, 99 Foo 2026 25:61:00 GMT", None),
-    ("٣", None),  # a non-ASCII digit is not delay-seconds
-])
-def test_parse_retry_after(header: str | None, expected: float | None) -> None:
-    assert parse_retry_after(header, now=NOW) == expected

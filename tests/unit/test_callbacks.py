@@ -24,6 +24,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from sokuji import config as cfg
+from sokuji.core.backoff import Backoff
 from sokuji.errors import Overloaded
 from sokuji.server import callback_delivery as delivery
 from sokuji.server import callbacks
@@ -407,7 +408,8 @@ def test_the_connection_goes_to_the_vetted_address_with_the_original_host(
 
 
 def test_a_callback_is_retried_until_it_is_delivered(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(delivery, "ATTEMPT_DELAYS_S", (0.01, 0.01, 0.01))
+    monkeypatch.setattr(delivery, "RETRY", Backoff(base_s=0.01, cap_s=0.01))
+    monkeypatch.setattr(delivery, "MAX_ATTEMPTS", 4)
     with listening(first=(503, 429)) as hook, \
             client_for(app_config(("127.0.0.1",))) as client:
         r = client.post(INFER, json=BODY, headers={**ASYNC,
@@ -418,7 +420,8 @@ def test_a_callback_is_retried_until_it_is_delivered(monkeypatch: pytest.MonkeyP
 
 
 def test_a_receiver_that_never_takes_it_leaves_failed(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(delivery, "ATTEMPT_DELAYS_S", (0.01, 0.01))
+    monkeypatch.setattr(delivery, "RETRY", Backoff(base_s=0.01, cap_s=0.01))
+    monkeypatch.setattr(delivery, "MAX_ATTEMPTS", 3)
     with listening(status=500) as hook, client_for(app_config(("127.0.0.1",))) as client:
         r = client.post(INFER, json=BODY, headers={**ASYNC,
                                                    "x-sokuji-callback-url": hook.url})

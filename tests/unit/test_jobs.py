@@ -9,6 +9,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -175,7 +176,8 @@ def test_a_transient_answer_is_retried_until_max_attempts(monkeypatch: pytest.Mo
                                                           ) -> None:
     """A deadline that cannot be met answers 504 each time: the job runs max_attempts times
     (waiting between runs), then the 504 is its result."""
-    monkeypatch.setattr(server_jobs, "RETRY_BASE_S", 0.01)
+    monkeypatch.setattr(server_jobs, "RETRY_BACKOFF", replace(server_jobs.RETRY_BACKOFF,
+                                                                base_s=0.01))
     late = {**body("x"), "parameters": {"timeout": 1}}  # 1 us: never met
     with client_for(server_config(jobs=cfg.JobsConfig(max_attempts=3))) as client:
         assert client.post(INFER, json=late).status_code == 504
@@ -197,7 +199,8 @@ async def test_the_runner_retries_transient_answers_with_backoff(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """JobService over a real SQLite store and a scripted inference path: 503, 429 (with
     Retry-After: 0), then 200. The job ends done, after three runs, with one completion."""
-    monkeypatch.setattr(server_jobs, "RETRY_BASE_S", 0.01)
+    monkeypatch.setattr(server_jobs, "RETRY_BACKOFF", replace(server_jobs.RETRY_BACKOFF,
+                                                                base_s=0.01))
     answers = [Reply(503, b"busy", {}), Reply(429, b"full", {"retry-after": "0"}),
                Reply(200, b"{}", {"content-type": "application/json"})]
     seen: list[int] = []
@@ -223,11 +226,11 @@ async def test_the_runner_retries_transient_answers_with_backoff(
 
 
 def test_backoff_doubles_and_honours_retry_after() -> None:
-    base = server_jobs.RETRY_BASE_S
+    base = server_jobs.RETRY_BACKOFF.base_s
     assert base <= server_jobs.backoff_s(1, None) <= base * 1.25
     assert base * 4 <= server_jobs.backoff_s(3, None) <= base * 5
     assert 30 <= server_jobs.backoff_s(1, "30") <= 37.5
-    assert server_jobs.backoff_s(40, None) <= server_jobs.RETRY_MAX_S * 1.25
+    assert server_jobs.backoff_s(40, None) <= server_jobs.RETRY_BACKOFF.cap_s * 1.25
     assert base <= server_jobs.backoff_s(1, "soon") <= base * 1.25
 
 

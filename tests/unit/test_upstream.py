@@ -10,7 +10,6 @@ import base64
 import email.utils
 import time
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
@@ -24,7 +23,7 @@ from sokuji.core.request import Priority
 from sokuji.errors import ConfigError, DeadlineExceeded, Overloaded, SokujiError
 from sokuji.llm.request import Delta, Finish
 from sokuji.routing.config import UpstreamOptions
-from sokuji.routing.upstream import UpstreamModel, parse_retry_after
+from sokuji.routing.upstream import UpstreamModel
 from sokuji.routing.upstream_codec import (
     SseParser,
     completion_request,
@@ -181,17 +180,6 @@ async def failure(model: UpstreamModel, c: RequestContext | None = None) -> Soku
     with pytest.raises(SokujiError) as exc:
         await infer(model, ["hello"], c)
     return exc.value
-
-
-def test_retry_after_parsing() -> None:
-    now = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC).timestamp()
-    assert parse_retry_after("7") == 7 and parse_retry_after(" 120 ") == 120
-    assert parse_retry_after("99999999") == 3600  # capped
-    assert parse_retry_after(email.utils.formatdate(now + 30, usegmt=True), now) == 30
-    assert parse_retry_after("Tue, 01 Dec 2026 11:00:00 GMT", now) == 0  # in the past
-    assert parse_retry_after("Wed, 02 Dec 2026 12:00:00 GMT", now) == 3600
-    for garbage in (None, "", "-5", "1.5", "soon", "٣", "Mon, 99 Foo 2026"):
-        assert parse_retry_after(garbage, now) is None
 
 
 def test_sse_parser_and_completion_body() -> None:
