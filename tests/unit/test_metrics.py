@@ -3,7 +3,7 @@ from __future__ import annotations
 import numpy as np
 
 from sokuji.core.request import STAGES, Stage, Timeline
-from sokuji.observability.metrics import LATENCY_BUCKETS_S, TimingHistograms
+from sokuji.observability.timings import LATENCY_BUCKETS_S, TimingHistograms
 
 
 def timeline_with(decode_s: float) -> Timeline:
