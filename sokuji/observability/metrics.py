@@ -107,8 +107,9 @@ class Metrics:
 
         self.pipelines = PipelineMetrics(r)
         self.media = MediaMetrics(r)
-        self.genai = GenAIMetrics(r)
-        """The GenAI semantic conventions' server metrics (``genai.py``)."""
+        self.genai = GenAIMetrics(r, first_token=self.llm.first_token)
+        """The GenAI semantic conventions' server metrics (``genai.py``); a generation's
+        time to first token is observed there once, for both exporters."""
         self._routing: Any = None
         self.slo: SloBook | None = None
         """SLO status by (model, tenant) (``slo.py``); None: no SLO configured."""
@@ -256,7 +257,9 @@ class _EngineCollector(Collector):
 
 class GenerationMetrics:
     """Generation metrics in the spirit of vLLM's (``vllm:time_to_first_token_seconds`` ...),
-    observed once per finished request on the event loop (not on the engine thread)."""
+    observed once per finished request on the event loop (not on the engine thread). The
+    time to first token is the GenAI exporter's observation (``genai.py``), handed over
+    through ``first_token``: one figure behind both names."""
 
     def __init__(self, r: CollectorRegistry) -> None:
         self.ttft = Histogram("sokuji_llm_time_to_first_token_seconds",
@@ -306,6 +309,10 @@ class GenerationMetrics:
         self.running.labels(name).set_function(lambda: float(engine.num_running))
         self.cache_bytes.labels(name).set_function(lambda: float(engine.prefix_cache.bytes))
 
+    def first_token(self, model: str, seconds: float) -> None:
+        """An answered generation's time to first token (``GenAIMetrics.generation``)."""
+        self.ttft.labels(model).observe(seconds)
+
     def observe(self, model: str, t: Timing, completion_tokens: int, ok: bool) -> None:
         self.prompt_tokens.labels(model).inc(t.prompt_tokens)
         self.generation_tokens.labels(model).inc(completion_tokens)
@@ -321,7 +328,6 @@ class GenerationMetrics:
             self.queue.labels(model).observe((t.admitted_ns - t.submitted_ns) / 1e9)
         if not ok or not t.first_token_ns:
             return
-        self.ttft.labels(model).observe((t.first_token_ns - t.arrival_ns) / 1e9)
         self.prefill.labels(model).observe((t.first_token_ns - t.admitted_ns) / 1e9)
         self.e2e.labels(model).observe((t.end_ns - t.arrival_ns) / 1e9)
         itl = self.itl.labels(model)
