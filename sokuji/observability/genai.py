@@ -3,7 +3,10 @@ semantic conventions read.
 
 - ``gen_ai_server_request_duration_seconds`` (``gen_ai.server.request.duration``): arrival to
   the answer's last byte (a generation: its last token), for answered requests;
-- ``gen_ai_server_time_to_first_token_seconds`` (``gen_ai.server.time_to_first_token``);
+- ``gen_ai_server_time_to_first_token_seconds`` (``gen_ai.server.time_to_first_token``):
+  observed here once per answered generation, and the same observation is handed to
+  Sokuji's own ``sokuji_llm_time_to_first_token_seconds`` (``first_token``), so the two
+  exporters' TTFT are one figure;
 - ``gen_ai_server_time_per_output_token_seconds`` (``gen_ai.server.time_per_output_token``):
   a generation's decode time over its tokens after the first (requests of 2 tokens or more).
 
@@ -17,7 +20,7 @@ additions on the event loop (no ``Histogram`` lock, no label lookup in
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
@@ -69,7 +72,12 @@ class _Histogram:
 class GenAIMetrics(Collector):
     """Registered once per ``Metrics`` (``metrics.py``)."""
 
-    def __init__(self, r: CollectorRegistry) -> None:
+    def __init__(self, r: CollectorRegistry,
+                 first_token: Callable[[str, float], None] | None = None) -> None:
+        self.first_token = first_token
+        """Given ``(model, seconds)`` of each time to first token observed here: another
+        exporter's histogram fed by the same observation (``metrics.GenerationMetrics``).
+        None: only the GenAI histogram."""
         self.duration = _Histogram(
             "gen_ai_server_request_duration", "GenAI server request duration: arrival to the "
             "last byte or last output token (gen_ai.server.request.duration).",
@@ -87,13 +95,17 @@ class GenAIMetrics(Collector):
         self.duration.observe(operation, model, duration_ns / 1e9)
 
     def generation(self, operation: str, model: str, timing: Timing) -> None:
-        """A generation answered in full (not failed, not cancelled)."""
+        """A generation answered in full (not failed, not cancelled): the one place its time
+        to first token is observed (see ``first_token``)."""
         if not timing.end_ns:
             return
         self.duration.observe(operation, model, (timing.end_ns - timing.arrival_ns) / 1e9)
         if not timing.first_token_ns:
             return
-        self.ttft.observe(operation, model, (timing.first_token_ns - timing.arrival_ns) / 1e9)
+        ttft_s = (timing.first_token_ns - timing.arrival_ns) / 1e9
+        self.ttft.observe(operation, model, ttft_s)
+        if self.first_token is not None:
+            self.first_token(model, ttft_s)
         after_first = len(timing.token_ns) - 1
         if after_first > 0:
             self.tpot.observe(operation, model,

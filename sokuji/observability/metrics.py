@@ -1,11 +1,8 @@
 """Prometheus metrics, derived from the same Timeline that writes ``Server-Timing``.
 
-Per-request stage timings are the hot part: ten ``Histogram.observe`` calls (each a locked
-Python loop over the buckets) cost tens of microseconds a request. Instead, each request
-appends one row to a per-model numpy buffer, and the buffer is folded into bucket counts in
-bulk (``searchsorted`` + ``bincount``) when it fills or when ``/metrics`` is scraped. Recording
-and scraping both run on the event loop thread. The same fold feeds Triton's statistics
-extension (``model_stats``; the mapping of stages is in ``stats.py``).
+A request's stage timings go to its model's row buffer (``timings.py``), folded in bulk when
+``/metrics`` is scraped; the same fold feeds Triton's statistics extension (``model_stats``;
+the mapping of stages is in ``stats.py``) and the dashboard (``timeseries.py``).
 """
 
 from __future__ import annotations
@@ -22,8 +19,9 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 from sokuji.core.batcher import BatchInfo
-from sokuji.core.request import STAGES, Stage, Timeline
+from sokuji.core.request import STAGES, Timeline
 from sokuji.observability.stats import ModelCounters, StatsSnapshot, snapshot
+from sokuji.observability.timings import LATENCY_BUCKETS_S, TimingHistograms
 
 if TYPE_CHECKING:
     from sokuji.config_ops import SloConfig
@@ -31,8 +29,6 @@ if TYPE_CHECKING:
     from sokuji.llm.request import Timing
     from sokuji.observability.slo import SloBook
 
-LATENCY_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
-                     0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 TOKEN_BUCKETS = (16, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768)
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -41,69 +37,6 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 class _Queue(Protocol):
     @property
     def num_waiting(self) -> int: ...
-
-
-class TimingHistograms:
-    """Histograms of one model's request stages (columns: each stage, then total), and the
-    sums the Triton statistics are made of (``stats.StatsSnapshot``).
-
-    A row holds nanoseconds, then a flag column: +1 the request was computed (it has an
-    ``infer`` stage), +2 it consulted the response cache (it has a ``cache`` stage). So 2 is
-    a cache hit (or an identical request awaited), 3 a miss, 1 a request without a cache.
-    """
-
-    def __init__(self, capacity: int = 1024) -> None:
-        self.columns = len(STAGES) + 1
-        self._bounds = np.asarray(LATENCY_BUCKETS_S)
-        self._buffer = np.empty((capacity, self.columns + 1), dtype=np.float64)
-        self._pending = 0
-        self.counts = np.zeros((self.columns, len(LATENCY_BUCKETS_S) + 1), dtype=np.int64)
-        self.sums = np.zeros(self.columns, dtype=np.float64)
-        self.sums_ns = np.zeros(self.columns, dtype=np.int64)
-        self.kind_counts = np.zeros(4, dtype=np.int64)
-        """Rows by flag value (see the class docstring)."""
-        self.kind_cache_ns = np.zeros(4, dtype=np.int64)
-        """The ``cache`` stage's nanoseconds, by flag value."""
-        self.last_ns = 0
-        """perf_counter_ns at which the last recorded request was answered."""
-        self.tap: Callable[[np.ndarray], None] | None = None
-        """Called with the rows about to be folded (a view: copy to keep): the dashboard's
-        per-interval percentiles (``timeseries.py``). None: nobody listens."""
-
-    def record(self, timeline: Timeline) -> None:
-        durations = timeline.durations_ns
-        row = self._buffer[self._pending]
-        for i, stage in enumerate(STAGES):
-            row[i] = durations.get(stage, 0)
-        row[-2] = timeline.total_ns
-        row[-1] = (Stage.INFER in durations) + 2 * (Stage.CACHE in durations)
-        self.last_ns = timeline.last_ns
-        self._pending += 1
-        if self._pending == len(self._buffer):
-            self.flush()
-
-    def flush(self) -> None:
-        if not self._pending:
-            return
-        rows = self._buffer[:self._pending]
-        if self.tap is not None:
-            self.tap(rows)
-        values_ns = rows[:, :self.columns]
-        seconds = values_ns / 1e9
-        bins = len(self._bounds) + 1
-        for col in range(self.columns):
-            index = np.searchsorted(self._bounds, seconds[:, col], side="left")  # value <= bound
-            self.counts[col] += np.bincount(index, minlength=bins)
-        self.sums += seconds.sum(axis=0)
-        self.sums_ns += values_ns.astype(np.int64).sum(axis=0)
-        kinds = rows[:, -1].astype(np.intp)
-        self.kind_counts += np.bincount(kinds, minlength=4)
-        self.kind_cache_ns += np.rint(np.bincount(
-            kinds, weights=values_ns[:, _CACHE_COLUMN], minlength=4)).astype(np.int64)
-        self._pending = 0
-
-
-_CACHE_COLUMN = STAGES.index(Stage.CACHE)
 
 
 class _TimingCollector(Collector):
@@ -174,8 +107,9 @@ class Metrics:
 
         self.pipelines = PipelineMetrics(r)
         self.media = MediaMetrics(r)
-        self.genai = GenAIMetrics(r)
-        """The GenAI semantic conventions' server metrics (``genai.py``)."""
+        self.genai = GenAIMetrics(r, first_token=self.llm.first_token)
+        """The GenAI semantic conventions' server metrics (``genai.py``); a generation's
+        time to first token is observed there once, for both exporters."""
         self._routing: Any = None
         self.slo: SloBook | None = None
         """SLO status by (model, tenant) (``slo.py``); None: no SLO configured."""
@@ -323,7 +257,9 @@ class _EngineCollector(Collector):
 
 class GenerationMetrics:
     """Generation metrics in the spirit of vLLM's (``vllm:time_to_first_token_seconds`` ...),
-    observed once per finished request on the event loop (not on the engine thread)."""
+    observed once per finished request on the event loop (not on the engine thread). The
+    time to first token is the GenAI exporter's observation (``genai.py``), handed over
+    through ``first_token``: one figure behind both names."""
 
     def __init__(self, r: CollectorRegistry) -> None:
         self.ttft = Histogram("sokuji_llm_time_to_first_token_seconds",
@@ -373,6 +309,10 @@ class GenerationMetrics:
         self.running.labels(name).set_function(lambda: float(engine.num_running))
         self.cache_bytes.labels(name).set_function(lambda: float(engine.prefix_cache.bytes))
 
+    def first_token(self, model: str, seconds: float) -> None:
+        """An answered generation's time to first token (``GenAIMetrics.generation``)."""
+        self.ttft.labels(model).observe(seconds)
+
     def observe(self, model: str, t: Timing, completion_tokens: int, ok: bool) -> None:
         self.prompt_tokens.labels(model).inc(t.prompt_tokens)
         self.generation_tokens.labels(model).inc(completion_tokens)
@@ -388,7 +328,6 @@ class GenerationMetrics:
             self.queue.labels(model).observe((t.admitted_ns - t.submitted_ns) / 1e9)
         if not ok or not t.first_token_ns:
             return
-        self.ttft.labels(model).observe((t.first_token_ns - t.arrival_ns) / 1e9)
         self.prefill.labels(model).observe((t.first_token_ns - t.admitted_ns) / 1e9)
         self.e2e.labels(model).observe((t.end_ns - t.arrival_ns) / 1e9)
         itl = self.itl.labels(model)

@@ -29,7 +29,7 @@ a sequence slot, compute_infer is prefill plus decode, compute_output is 0 (text
 as it is generated).
 
 Everything here is plain integers updated on the event loop thread: no locks, no
-per-request histogram work (the Timeline part is folded in bulk by ``TimingHistograms``).
+per-request histogram work (the Timeline part is folded in bulk by ``timings.py``).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING
 from sokuji.core.request import STAGES, Stage
 
 if TYPE_CHECKING:
-    from sokuji.observability.metrics import TimingHistograms
+    from sokuji.observability.timings import TimingHistograms
 
 
 @dataclass(frozen=True)

@@ -6,11 +6,11 @@ the previous tick into one point per model:
 
 - throughput: answers, 5xx errors, 429 refusals and other 4xx per second (``sokuji_requests``);
 - latency p50 / p95 / p99 of the requests answered in the interval, and the mean time per
-  stage: from the rows ``TimingHistograms`` folds (its ``tap`` hands them over before they
-  become bucket counts, so the percentiles are exact, not bucket estimates, and a request
-  costs nothing more); generators from each finished generation's ``Timing``
-  (``Metrics.on_generation``): end-to-end, TTFT, ITL, tokens/s, and their stages (preprocess,
-  queue, prefill, decode);
+  stage: from the rows ``TimingHistograms`` folds (``timings.py``; its ``tap`` hands them
+  over before they become bucket counts, so the percentiles are exact, not bucket
+  estimates, and a request costs nothing more); generators from each finished generation's
+  ``Timing`` (``Metrics.on_generation``): end-to-end, TTFT, ITL, tokens/s, and their stages
+  (preprocess, queue, prefill, decode);
 - queue depth (``ServedModel.capacity()``), batches (executions and items from Triton's
   statistics counters; for a generator the engine's decode steps and sequences per step),
   response-cache (or prefix-cache) hit rate;
@@ -37,6 +37,7 @@ import orjson
 
 from sokuji.core.model import ModelKind
 from sokuji.core.request import STAGES
+from sokuji.observability.timings import TOTAL_COLUMN
 
 if TYPE_CHECKING:
     from sokuji.llm.request import Timing
@@ -52,7 +53,6 @@ MAX_ROWS = 50_000
 """Requests per model and interval kept for the percentiles (the counts are exact anyway)."""
 MAX_GENERATIONS = 5_000
 GEN_STAGES = ("preprocess", "queue", "prefill", "decode")
-_TOTAL = len(STAGES)  # the column of a row that holds the request's total (then the flag)
 _QUANTILES = (50, 95, 99)
 _ONES = np.ones(1024)
 
@@ -65,7 +65,7 @@ class _Interval:
     def __init__(self) -> None:
         self.totals: list[np.ndarray] = []
         """The requests' totals (ns), for the percentiles (at most MAX_ROWS)."""
-        self.stage_ns = np.zeros(_TOTAL)
+        self.stage_ns = np.zeros(TOTAL_COLUMN)
         """Every request's stages (ns), summed."""
         self.seen = 0
         self.gens: list[tuple[Timing, int, bool]] = []
@@ -75,9 +75,9 @@ class _Interval:
         n = len(rows)
         room = MAX_ROWS - self.seen
         if room > 0:
-            self.totals.append(rows[:room, _TOTAL].copy())
+            self.totals.append(rows[:room, TOTAL_COLUMN].copy())
         ones = _ONES[:n] if n <= len(_ONES) else np.ones(n)
-        self.stage_ns += ones @ rows[:, :_TOTAL]  # (a column sum; ~6x faster than .sum(0))
+        self.stage_ns += ones @ rows[:, :TOTAL_COLUMN]  # (a column sum: ~6x .sum(0)'s speed)
         self.seen += n
 
 

@@ -28,7 +28,6 @@ from sokuji.pipelines.model import PipelineModel
 from sokuji.pipelines.steps import Resources
 
 log = logging.getLogger(__name__)
-EMBED_BATCH = 32
 
 
 def load_pipeline(pc: PipelineConfig, at: str, config: ServerConfig,
@@ -46,17 +45,19 @@ def load_pipeline(pc: PipelineConfig, at: str, config: ServerConfig,
 
 
 def _embedder(encoder: ServedModel | None) -> Any:
-    runtime = getattr(encoder, "runtime", None)
-    if runtime is None:
+    """The served encoder's runtime, batched by its batcher's budgets (``embed_corpus``: the
+    batcher itself is not started while the models load)."""
+    from sokuji.models.encoder import EncoderModel
+    from sokuji.runtimes.corpus_embedding import embed_corpus
+
+    if not isinstance(encoder, EncoderModel):
         raise ConfigError("building an index needs an encoder served in this process "
                           "(options.encoder)")
+    runtime, budgets = encoder.runtime, encoder.batcher.config
 
     def embed(texts: list[str]) -> np.ndarray:
-        rows = []
-        for i in range(0, len(texts), EMBED_BATCH):
-            prepared = runtime.preprocess(texts[i:i + EMBED_BATCH])
-            rows.append(runtime.run_batch([prepared])[0])
-        return np.vstack(rows).astype(np.float32)
+        return embed_corpus(runtime, texts, max_batch_size=budgets.max_batch_size,
+                            max_batch_tokens=budgets.max_batch_tokens)
     return embed
 
 

@@ -25,8 +25,10 @@ def builtin_index_dir(cache_dir: str | Path) -> Path:
 
 def minilm_embedder(cache_dir: str | Path, intra_op_threads: int = 0) -> Embed:
     """``embed(texts) -> float32 [n, 384]`` with the built-in MiniLM on ONNX Runtime (the
-    ONNX export is made once in ``cache_dir`` if missing). Texts of a call are sorted by
-    length into batches, so padding stays small."""
+    ONNX export is made once in ``cache_dir`` if missing). A call's texts are batched as a
+    served MiniLM with the default batch budgets batches them (``embed_corpus``), so an
+    index built here has the vectors the server's own build gives it."""
+    from sokuji.runtimes.corpus_embedding import embed_corpus
     from sokuji.runtimes.onnx import OnnxEncoderRuntime
     from sokuji.weights import minilm
 
@@ -36,16 +38,7 @@ def minilm_embedder(cache_dir: str | Path, intra_op_threads: int = 0) -> Embed:
     runtime.load()
 
     def embed(texts: list[str]) -> np.ndarray:
-        out = np.empty((len(texts), 0), np.float32)
-        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
-        rows: dict[int, np.ndarray] = {}
-        for start in range(0, len(order), 16):
-            part = order[start:start + 16]
-            result = runtime.run_batch([runtime.preprocess([texts[i] for i in part])])[0]
-            rows.update(zip(part, result, strict=True))
-        if rows:
-            out = np.stack([rows[i] for i in range(len(texts))]).astype(np.float32)
-        return out
+        return embed_corpus(runtime, texts)
 
     return embed
 

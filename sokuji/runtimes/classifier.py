@@ -34,6 +34,7 @@ import numpy as np
 from sokuji.config import ModelConfig, ServerConfig
 from sokuji.errors import ConfigError
 from sokuji.runtimes.base import ModelMetadata, Prepared, TensorSpec
+from sokuji.runtimes.corpus_embedding import embed_corpus
 from sokuji.runtimes.onnx import INPUT_NAME, OnnxEncoderRuntime
 
 OUTPUT_NAME = "scores"
@@ -43,8 +44,6 @@ BUILTIN_PROTOTYPES = {
     "intents": Path(__file__).resolve().parent.parent / "routing" / "data"
     / "intents_prototypes.jsonl",
 }
-EMBED_BATCH = 32
-"""Prototypes are embedded this many at a time, sorted by length (little padding)."""
 _KNOWN = frozenset({"encoder", "tokenizer", "prototypes", "scheme", "intra_op_threads"})
 
 
@@ -217,18 +216,15 @@ class ClassifierRuntime:
             self._starts = np.searchsorted(ids[order], np.arange(len(self.labels)))
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
-        """Unit embeddings ``[n, d]`` of any number of texts (sorted by length into batches
-        of ``EMBED_BATCH``): for the prototypes, calibration and benchmarks."""
+        """Unit embeddings ``[n, d]`` of any number of texts, batched as this model's batcher
+        batches (``embed_corpus`` with its ``max_batch_size`` and ``max_batch_tokens``): for
+        the prototypes, calibration and benchmarks."""
         assert self.encoder is not None, "load() first"
-        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
-        parts: list[np.ndarray] = []
-        for start in range(0, len(order), EMBED_BATCH):
-            chunk = [texts[i] for i in order[start:start + EMBED_BATCH]]
-            parts.append(self.encoder.run_batch([self.encoder.preprocess(chunk)])[0])
-        out = np.empty((len(texts), self.dim), np.float32)
-        if parts:
-            out[np.asarray(order)] = np.concatenate(parts)
-        return _unit(out)
+        if not texts:
+            return np.zeros((0, self.dim), np.float32)
+        return _unit(embed_corpus(self.encoder, texts,
+                                  max_batch_size=self._model.max_batch_size,
+                                  max_batch_tokens=self._model.max_batch_tokens))
 
     def classify(self, texts: Sequence[str]) -> np.ndarray:
         """Scores ``[n, C]`` of any number of texts, outside the server (calibration)."""
