@@ -20,11 +20,12 @@ A file looks like::
 How it works: the classes below are the schema: types, defaults and ranges (``Meta``) in one
 place. ``load`` merges file, environment and flags into one mapping and converts it with
 ``msgspec.convert`` (lax: ``"9000"`` is an int, ``"false"`` a bool, as environment values are
-strings); ``_error`` turns msgspec's first error into a ``ConfigError`` naming the key as the
-file (or the environment variable) spells it, the value, and a reason. ``_check`` then checks
-what a schema cannot say: relations between fields, files on disk, network names. Objects are
-frozen ``msgspec.Struct``s: built in code (tests) without checks, like dataclasses, and checked
-by ``validate``. ``msgspec.structs.replace`` copies one with changes.
+strings); ``config_errors.translate`` turns msgspec's first error into a ``ConfigError``
+naming the key as the file (or the environment variable) spells it, the value, and a reason.
+``_check`` then checks each model's options against its kind's schema (the same translator)
+and what a schema cannot say: relations between fields, files on disk, network names.
+Objects are frozen ``msgspec.Struct``s: built in code (tests) without checks, like
+dataclasses, and checked by ``validate``. ``msgspec.structs.replace`` copies one with changes.
 """
 
 from __future__ import annotations

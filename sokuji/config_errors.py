@@ -4,16 +4,18 @@ its first error reported the same way, naming the key as the file spells it
 (``models[0].options.n_ctx``), the value (masked where it may be a secret) and a reason
 (the constraint's own ``_why`` reason, else one derived from the type).
 
-``convert(raw, schema, at)`` is what a kind calls for its options; ``config.py`` calls
-``translate`` with the whole file as ``raw`` and the server's schema as ``root``.
+``convert(raw, schema, at)`` is what a kind calls for its options (and a pipeline step for
+its own, a model for its ``semantic_cache``); ``config.py`` calls ``translate`` with the whole
+file as ``raw`` and the server's schema as ``root``.
 """
 
 from __future__ import annotations
 
 import enum
 import re
+import types
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal, TypeVar, get_args, get_origin, get_type_hints
+from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
 
 import msgspec
 from msgspec import Meta, Struct
@@ -32,21 +34,26 @@ _TYPE_REASONS = {"int": "not a valid integer", "float": "not a valid number",
 
 
 def convert(raw: Mapping[str, Any] | None, schema: type[S], at: str) -> S:
-    """``raw`` as ``schema`` (lax: ``"2"`` is an int, as environment values are strings), or a
-    ``ConfigError`` naming ``at`` + the key that is wrong."""
+    """``raw`` as ``schema``, or a ``ConfigError`` naming ``at`` + the key that is wrong.
+
+    Strict: these tables come from the file only, so a value has the type TOML gave it
+    (``"2"`` is not an integer, ``1`` not a bool); only the server's own top-level keys
+    arrive as strings (environment variables) and are converted leniently (``config.py``)."""
     data = dict(raw or {})
     try:
-        return msgspec.convert(data, schema, strict=False)
+        return msgspec.convert(data, schema, strict=True)
     except msgspec.ValidationError as exc:
-        raise translate(str(exc), data, {}, schema, at) from None
+        raise translate(str(exc), data, {}, schema, at, strict=True) from None
 
 
 def translate(message: str, raw: Any, names: Mapping[str, str], root: Any,
-              prefix: str = "", secret_tables: tuple[str, ...] = ()) -> ConfigError:
+              prefix: str = "", secret_tables: tuple[str, ...] = (),
+              strict: bool = False) -> ConfigError:
     """msgspec's ``message`` (``Expected `int` >= 1 - at `$.models[0].max_batch_size```) about
     ``raw`` converted as ``root``, as a ``ConfigError``. ``names``: top-level keys whose value
     came from elsewhere (an environment variable), named so; ``prefix``: where ``raw`` sits
-    in the file; ``secret_tables``: top-level tables whose items (API keys) are never echoed."""
+    in the file; ``secret_tables``: top-level tables whose items (API keys) are never echoed;
+    ``strict``: whether ``raw`` was converted strictly (then a value is echoed as written)."""
     match = _AT.fullmatch(message)
     text, path = (match[1], match[2] or "") if match else (message, "")
     parts: list[str | int] = [name or int(index) for name, index in _PART.findall(path)]
@@ -61,11 +68,16 @@ def translate(message: str, raw: Any, names: Mapping[str, str], root: Any,
         return ConfigError(f"Config '{prefix}': {text}" if prefix else f"Config: {text}",
                            param=prefix or None)
     value = _lookup(raw, parts)
-    if unknown:
-        reason = "unknown key" if unknown[1] == "contains unknown" else "required key missing"
+    if unknown and unknown[1] == "contains unknown":
+        reason = "unknown key"
+        table = _bare(_annotation(root, parts[:-1]))
+        if _is_table(table):
+            reason += f"; known: {', '.join(sorted(table.__struct_fields__))}"
+    elif unknown:
+        reason = "required key missing"
     else:
         reason = _reason(text, kind)
-        value = _typed(value, kind)
+        value = _typed(value, kind, strict)
     if isinstance(value, Mapping) or (parts[0] in secret_tables and (
             len(parts) == 1 or isinstance(parts[-1], int) or unknown)):
         value = "..."  # a table, or what may be a key (``kye = ...``), is not echoed
@@ -79,11 +91,14 @@ def translate(message: str, raw: Any, names: Mapping[str, str], root: Any,
 
 def _reason(text: str, kind: Any) -> str:
     wrong = _TYPE.match(text)
-    if wrong and wrong[1] in ("int", "float", "bool"):
+    union = "|" in text.partition(", got")[0]  # ``float | str``: the field's reason says more
+    if wrong and wrong[1] in ("int", "float", "bool") and not union:
         return _TYPE_REASONS[wrong[1]]
     for meta in getattr(kind, "__metadata__", ()):
         if isinstance(meta, Meta) and meta.extra and "reason" in meta.extra:
             return str(meta.extra["reason"])
+    if wrong and wrong[1] in ("int", "float", "bool"):
+        return _TYPE_REASONS[wrong[1]]
     bare = _bare(kind)
     choices = get_args(bare) if get_origin(bare) is Literal else (
         tuple(m.value for m in bare) if isinstance(bare, type) and issubclass(bare, enum.Enum)
@@ -106,7 +121,15 @@ def _reason(text: str, kind: Any) -> str:
 
 
 def _bare(kind: Any) -> Any:
-    return get_args(kind)[0] if get_origin(kind) is Annotated else kind
+    """The type without its ``Meta``, and an optional table (``SloConfig | None``) as the
+    table: its keys are named the same either way."""
+    if get_origin(kind) is Annotated:
+        kind = get_args(kind)[0]
+    if get_origin(kind) in (Union, types.UnionType):
+        present = [a for a in get_args(kind) if a is not type(None)]
+        if len(present) == 1:
+            return _bare(present[0])
+    return kind
 
 
 def _item(kind: Any) -> Any:
@@ -141,12 +164,12 @@ def _lookup(raw: Any, parts: list[str | int]) -> Any:
     return raw
 
 
-def _typed(value: Any, kind: Any) -> Any:
+def _typed(value: Any, kind: Any, strict: bool) -> Any:
     """The value as its field's type would hold it (``-1`` for a float field: ``-1.0``)."""
     bare = _bare(kind)
     if bare in (int, float, str, bool):
         try:
-            return msgspec.convert(value, bare, strict=False)
+            return msgspec.convert(value, bare, strict=strict)
         except msgspec.ValidationError:
             pass
     return value

@@ -85,7 +85,9 @@ class Kind:
 
     def parse(self, model: ModelConfig, at: str) -> Any:
         """The model's ``options``, checked against the schema (``ConfigError`` naming the
-        key under ``at``)."""
+        key under ``at``). A kind whose defaults come from the model's own config (its
+        ``intra_op_threads``) overrides this to fill them in where the table leaves them
+        out; what it returns is what ``check`` and ``build`` are given."""
         if self.options is None:
             if model.options:
                 key = next(iter(model.options))
