@@ -10,12 +10,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from sokuji.config import ModelConfig, ServerConfig
 from sokuji.core.model import ServedModel
 from sokuji.errors import ConfigError
 from sokuji.routing.attempts import Target
 from sokuji.routing.breaker import Breaker, BreakerState
-from sokuji.routing.config import BreakerOptions, RouterOptions, parse_router
+from sokuji.routing.config import BreakerOptions, RouterOptions
 from sokuji.routing.router import RouterModel, read_threshold
 from sokuji.routing.shadow import OnShadow, Shadow
 
@@ -38,10 +40,10 @@ class RoutingHooks:
         if existing is None or (existing.opts == BreakerOptions() and opts != existing.opts):
             self.breakers[name] = Breaker(name, opts, on_transition=self._transition)
         elif opts != existing.opts and opts != BreakerOptions():
-            raise ConfigError(f"Config '{at}.breaker': target '{name}' already has a breaker "
-                              "with other options (one breaker per target, shared by every "
-                              "router): give the routers the same breaker table",
-                              param=f"{at}.breaker")
+            raise ConfigError.for_key(f"{at}.breaker", msgspec.to_builtins(opts),
+                                      f"target '{name}' already has a breaker with other "
+                                      "options (one breaker per target, shared by every "
+                                      "router): give the routers the same breaker table")
         return self.breakers[name]
 
     def _transition(self, name: str, state: BreakerState) -> None:
@@ -49,10 +51,10 @@ class RoutingHooks:
             self.on_breaker(name, state)
 
 
-def load_router(mc: ModelConfig, at: str, config: ServerConfig,
+def load_router(mc: ModelConfig, opts: RouterOptions, at: str, config: ServerConfig,
                 served: Mapping[str, ServedModel], hooks: RoutingHooks) -> RouterModel:
-    runtimes = {m.name: m.runtime for m in config.models}
-    opts: RouterOptions = parse_router(mc.options, f"{at}.options", runtimes)
+    """The router ``mc`` over the models ``served``; ``opts``: its options, as its kind
+    checked them when the config loaded."""
     targets = {name: Target(name, served[name],
                             hooks.breaker(name, opts.breaker, f"{at}.options"))
                for name in opts.all_targets()}

@@ -180,18 +180,21 @@ def test_a_slow_target_is_abandoned_for_the_fallback() -> None:
         assert "fallback:timeout" in r.headers["server-timing"]
 
 
-@pytest.mark.parametrize(("options", "message"), [
-    (dict(kind="rules", default="nope"), "target 'nope' is not a configured model"),
-    (dict(kind="cascade", targets=["a"], threshold=0.1), "a cascade has two targets"),
-    (dict(kind="rules"), "needs rules or a default"),
-    (dict(kind="canary"), "needs a canary table"),
-    (dict(kind="rules", default="a", breaker={"failures": 0}), "options.breaker.failures"),
-    (dict(kind="rules", default="a", surprise=1), "surprise"),
-    (dict(kind="rules", default="r2"), "routers do not nest"),
+@pytest.mark.parametrize(("options", "key", "reason"), [
+    (dict(kind="rules", default="nope"), "default", "no such model"),
+    (dict(kind="cascade", targets=["a"], threshold=0.1), "targets", "a cascade has two targets"),
+    (dict(kind="rules"), "rules", "needs rules or a default"),
+    (dict(kind="canary"), "canary", "needs a canary table"),
+    (dict(kind="rules", default="a", breaker={"failures": 0}), "breaker.failures",
+     "must be at least 1"),
+    (dict(kind="rules", default="a", surprise=1), "surprise", "unknown key"),
+    (dict(kind="rules", default="r2"), "default", "routers do not nest"),
 ])
-def test_bad_router_options_name_the_key(options: dict[str, Any], message: str) -> None:
-    with pytest.raises(ConfigError, match=message):
+def test_bad_router_options_name_the_key(options: dict[str, Any], key: str,
+                                         reason: str) -> None:
+    with pytest.raises(ConfigError) as err:  # when the config loads, before any build
         _config(_model("a"), _router("r2", kind="rules", default="a"), _router("r", **options))
+    assert err.value.param == f"models[2].options.{key}" and reason in err.value.message
 
 
 def test_targets_must_take_and_return_the_same_tensors() -> None:

@@ -1,21 +1,17 @@
 """Kind ``upstream``: an ``UpstreamModel`` (``routing/upstream.py``), which learns the remote
-model's metadata when it is built."""
+model's metadata when it is built. Its options: ``routing/config.py``'s ``UpstreamOptions``."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from sokuji.config import ModelConfig
 from sokuji.kinds.kind import BuildEnv, Built, Kind
+from sokuji.routing.config import UpstreamOptions
 
 
 class UpstreamKind(Kind):
-    def parse(self, model: ModelConfig, at: str) -> Any:
-        from sokuji.routing.config import parse_upstream
+    options = UpstreamOptions
 
-        return parse_upstream(model.options, f"{at}.options")
-
-    def build(self, model: ModelConfig, options: Any, env: BuildEnv) -> Built:
+    def build(self, model: ModelConfig, options: UpstreamOptions, env: BuildEnv) -> Built:
         from sokuji.routing.upstream import UpstreamModel
 
         upstream = UpstreamModel(model, options)
