@@ -20,6 +20,7 @@ Options (``[models.options]``):
   degrade_extra_ms
                added to every batch's service time in the bad phase
 
+The options are ``SyntheticOptions``, checked when the config loads (``kinds/synthetic``).
 A failing batch (``fail_on``, ``error_rate``, ``degrade_error_rate``) raises ``RuntimeFailed``
 after its service time, as a real runtime fails after computing.
 
@@ -32,83 +33,64 @@ import math
 import random
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Literal
 
 import numpy as np
 
-from sokuji.errors import ConfigError, RuntimeFailed
+from sokuji.config_types import Fraction, ZeroOrMore, ZeroOrMoreS, _Table
+from sokuji.errors import RuntimeFailed
 from sokuji.runtimes.base import ModelMetadata, Prepared, TensorSpec
 
-DISTRIBUTIONS = ("constant", "exponential", "lognormal")
+
+class SyntheticOptions(_Table, frozen=True):
+    """Runtime ``synthetic``'s options (the module's docstring says what each does). That
+    ``degrade_after_*`` needs something to degrade is checked by its kind."""
+
+    base_ms: ZeroOrMoreS = 1.0
+    per_item_ms: ZeroOrMoreS = 0.0
+    distribution: Literal["constant", "exponential", "lognormal"] = "constant"
+    sigma: ZeroOrMoreS = 0.25
+    seed: int = 0
+    fail_on: str | None = None
+    stall_ms: ZeroOrMoreS = 0.0
+    stall_after_batches: ZeroOrMore = 0
+    error_rate: Fraction = 0.0
+    degrade_after_s: ZeroOrMoreS | None = None
+    degrade_after_batches: ZeroOrMore | None = None
+    degrade_error_rate: Fraction | None = None
+    degrade_extra_ms: ZeroOrMoreS | None = None
+
+    @property
+    def degrades(self) -> bool:
+        """Is there a bad phase at all?"""
+        return self.degrade_error_rate is not None or self.degrade_extra_ms is not None
 
 
 class SyntheticRuntime:
-    def __init__(self, options: Mapping[str, Any] | None = None,
+    def __init__(self, options: SyntheticOptions | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        opts = dict(options or {})
-        known = {"base_ms", "per_item_ms", "distribution", "sigma", "seed", "fail_on",
-                 "stall_ms", "stall_after_batches", "error_rate", "degrade_after_s",
-                 "degrade_after_batches", "degrade_error_rate", "degrade_extra_ms"}
-        for key in opts:
-            if key not in known:
-                raise ConfigError.for_key(f"options.{key}", opts[key], "unknown option")
-        self.base_ms = self._number(opts, "base_ms", 1.0)
-        self.per_item_ms = self._number(opts, "per_item_ms", 0.0)
-        self.sigma = self._number(opts, "sigma", 0.25)
-        self.distribution = str(opts.get("distribution", "constant"))
-        if self.distribution not in DISTRIBUTIONS:
-            raise ConfigError.for_key("options.distribution", self.distribution,
-                                      f"must be one of: {', '.join(DISTRIBUTIONS)}")
-        self.fail_on = opts.get("fail_on")
-        self.stall_ms = self._number(opts, "stall_ms", 0.0)
-        self.stall_after_batches = int(self._number(opts, "stall_after_batches", 0))
-        self.error_rate = self._fraction(opts, "error_rate", 0.0) or 0.0
-        self.degrade_error_rate = self._fraction(opts, "degrade_error_rate", None)
-        self.degrade_extra_ms = self._number(opts, "degrade_extra_ms", 0.0)
-        self.degrade_after_s = (self._number(opts, "degrade_after_s", 0.0)
-                                if "degrade_after_s" in opts else None)
-        self.degrade_after_batches = self._whole(opts, "degrade_after_batches")
-        self.degrades = self.degrade_error_rate is not None or "degrade_extra_ms" in opts
-        if not self.degrades:
-            for key in ("degrade_after_s", "degrade_after_batches"):
-                if key in opts:
-                    raise ConfigError.for_key(f"options.{key}", opts[key],
-                                              "needs degrade_error_rate or degrade_extra_ms")
-        seed = int(opts.get("seed", 0))
+        o = options or SyntheticOptions()
+        self.base_ms = o.base_ms
+        self.per_item_ms = o.per_item_ms
+        self.sigma = o.sigma
+        self.distribution = o.distribution
+        self.fail_on = o.fail_on
+        self.stall_ms = o.stall_ms
+        self.stall_after_batches = o.stall_after_batches
+        self.error_rate = o.error_rate
+        self.degrade_error_rate = o.degrade_error_rate
+        self.degrade_extra_ms = o.degrade_extra_ms or 0.0
+        self.degrade_after_s = o.degrade_after_s
+        self.degrade_after_batches = o.degrade_after_batches
+        self.degrades = o.degrades
+        seed = o.seed
         self._batches = 0
         self._rng = random.Random(seed)
         self._fail_rng = random.Random(f"{seed}:errors")
         self._clock = clock
         self._loaded_at = clock()
         self._lock = threading.Lock()
-
-    @staticmethod
-    def _number(opts: Mapping[str, Any], key: str, default: float) -> float:
-        value = opts.get(key, default)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-            raise ConfigError.for_key(f"options.{key}", value, "must be a number >= 0")
-        return float(value)
-
-    @staticmethod
-    def _fraction(opts: Mapping[str, Any], key: str, default: float | None) -> float | None:
-        value = opts.get(key, default)
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, (int, float)) \
-                or not 0.0 <= value <= 1.0:
-            raise ConfigError.for_key(f"options.{key}", value, "must be a number from 0 to 1")
-        return float(value)
-
-    @staticmethod
-    def _whole(opts: Mapping[str, Any], key: str) -> int | None:
-        value = opts.get(key)
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 \
-                or value != int(value):
-            raise ConfigError.for_key(f"options.{key}", value, "must be a whole number >= 0")
-        return int(value)
 
     def load(self) -> None:
         """Starts the clock of ``degrade_after_s``."""

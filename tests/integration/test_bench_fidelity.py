@@ -52,10 +52,10 @@ MODELS = ("synth", "constant")
 
 def service_times_ms(n: int) -> np.ndarray:
     """The service times the server's synthetic model draws, in order: same code, same seed."""
-    from sokuji.runtimes.synthetic import SyntheticRuntime
+    from sokuji.runtimes.synthetic import SyntheticOptions, SyntheticRuntime
 
-    rt = SyntheticRuntime({"base_ms": MEAN_MS, "distribution": "lognormal", "sigma": SIGMA,
-                           "seed": 3})
+    rt = SyntheticRuntime(SyntheticOptions(base_ms=MEAN_MS, distribution="lognormal",
+                                           sigma=SIGMA, seed=3))
     return np.asarray([rt.service_time_ms(1) for _ in range(n)])
 
 

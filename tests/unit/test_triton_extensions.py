@@ -202,6 +202,7 @@ def with_variants() -> Any:
     """A model serving variant "fp32", with "int8" and "opt" as versions, the way
     the ``onnx`` kind arranges ONNX variants (here over the synthetic runtime)."""
     from sokuji.kinds.kind import Built
+    from sokuji.kinds.synthetic.kind import KIND
     from sokuji.models.encoder import EncoderModel
     from sokuji.observability.metrics import Metrics
     from sokuji.repository.models import Model, ModelRepository
@@ -213,7 +214,7 @@ def with_variants() -> Any:
     mc = config.models[0]
     served = {}
     for name in ("fp32", "int8", "opt"):
-        runtime = SyntheticRuntime(mc.options)
+        runtime = SyntheticRuntime(KIND.parse(mc, "models[0]"))
         runtime.load()
         served[name] = EncoderModel.over(runtime, mc, (), "synth" if name == "fp32"
                                          else f"synth@{name}", metrics.batch_observer)

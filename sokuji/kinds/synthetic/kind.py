@@ -1,21 +1,28 @@
-"""Kind ``synthetic``: a ``SyntheticRuntime`` under an ``EncoderModel``."""
+"""Kind ``synthetic``: a ``SyntheticRuntime`` under an ``EncoderModel``; its options are
+``SyntheticOptions`` (``runtimes/synthetic.py``)."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from sokuji.config import ModelConfig
+from sokuji.config import ModelConfig, ServerConfig
+from sokuji.errors import ConfigError
 from sokuji.kinds.kind import BuildEnv, Built, Kind
 from sokuji.models.encoder import EncoderModel
+from sokuji.runtimes.synthetic import SyntheticOptions, SyntheticRuntime
 
 
 class SyntheticKind(Kind):
-    def parse(self, model: ModelConfig, at: str) -> Any:
-        return model.options  # checked by the runtime when it is built
+    options = SyntheticOptions
 
-    def build(self, model: ModelConfig, options: Any, env: BuildEnv) -> Built:
-        from sokuji.runtimes.synthetic import SyntheticRuntime
+    def check(self, model: ModelConfig, options: SyntheticOptions, at: str,
+              config: ServerConfig) -> None:
+        super().check(model, options, at, config)
+        if not options.degrades:
+            for key in ("degrade_after_s", "degrade_after_batches"):
+                if getattr(options, key) is not None:
+                    raise ConfigError.for_key(f"{at}.options.{key}", getattr(options, key),
+                                              "needs degrade_error_rate or degrade_extra_ms")
 
+    def build(self, model: ModelConfig, options: SyntheticOptions, env: BuildEnv) -> Built:
         runtime = SyntheticRuntime(options)
         runtime.load()
         if model.warmup:
