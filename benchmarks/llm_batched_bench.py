@@ -131,12 +131,13 @@ async def engine_run(runtime: Any, npl: int, pp: int, tg: int, rng: np.random.Ge
 
 
 async def sokuji_side(args: argparse.Namespace, gguf: Path) -> dict[str, Any]:
+    from sokuji.llm.options import LlamaOptions
     from sokuji.llm.runtime import LlamaRuntime
 
-    runtime = LlamaRuntime("m", str(gguf), {
-        "threads": args.threads, "slots": SLOTS, "context_size": CTX_PER_SLOT,
-        "prefix_cache_mb": 0, "split_small_batches": False}, str(ROOT / ".cache" / "sokuji"),
-        max_queue_depth=64, priority_aging_ms=0.0)
+    runtime = LlamaRuntime("m", str(gguf), LlamaOptions(
+        threads=args.threads, slots=SLOTS, context_size=CTX_PER_SLOT,
+        prefix_cache_mb=0, split_small_batches=False), str(ROOT / ".cache" / "sokuji"),
+        max_queue_depth=64, priority_aging_ms=0.0, at="models[0]")
     runtime.load()
     runtime.warmup()
     rng = np.random.default_rng(0)

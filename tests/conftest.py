@@ -4,12 +4,14 @@ import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from starlette.testclient import TestClient
 
 from sokuji import config as cfg
 from sokuji.observability.metrics import Metrics
+from sokuji.repository import registry
 from sokuji.repository.models import ModelRepository
 from sokuji.server.app import create_app
 from tests.integration.ray_cluster import ray_head, stop_unless_needed  # noqa: F401
@@ -23,6 +25,15 @@ def client_for(config: cfg.ServerConfig) -> TestClient:
     metrics = Metrics()
     repo = ModelRepository.load(config, on_batch=metrics.batch_observer)
     return TestClient(create_app(config, repo, metrics), raise_server_exceptions=False)
+
+
+def options_of(model: cfg.ModelConfig) -> Any:
+    """``model``'s options as the server builds it from them: checked and completed by its
+    kind when the config loads (``config.validate``: an option error raises here, naming
+    ``models[0].options.<key>``), then parsed by the kind as the repository does."""
+    cfg.validate(cfg.ServerConfig(models=(model,), cache_dir=str(CACHE_DIR),
+                                  builtin_pipelines=False))
+    return registry.get(model.runtime).parse(model, "models[0]")
 
 
 def synthetic_config(**model: object) -> cfg.ServerConfig:

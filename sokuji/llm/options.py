@@ -1,4 +1,6 @@
-"""The options of runtime ``llama`` (``LlamaOptions.parse``: checked when the model is built).
+"""The options of runtime ``llama``: ``LlamaOptions``, the schema its kind
+(``kinds/generator``) checks when the config loads; what relates one option to another
+(``n_batch`` and ``slots``, speculation and its draft) is checked there too.
 
 Options (``[models.options]``), all optional:
 
@@ -37,103 +39,36 @@ Options (``[models.options]``), all optional:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, fields, replace
-from typing import Any
+from typing import Annotated, Literal
 
-from sokuji.errors import ConfigError
+from msgspec import Meta
 
-SPECULATIVE_MODES = ("off", "ngram", "draft")
+from sokuji.config_types import AtLeast1, ZeroOrMore, _Table, _why
 
 
-@dataclass(frozen=True)
-class LlamaOptions:
-    slots: int = 8
-    context_size: int = 2048
-    threads: int = 0
-    n_batch: int = 512
-    prefill_chunk: int = 128
-    max_prompt_tokens: int = 0
-    max_new_tokens: int = 1024
-    prefix_cache_mb: int = 256
-    prefix_cache_min_tokens: int = 16
-    requantize: str = ""
+class LlamaOptions(_Table, frozen=True):
+    slots: Annotated[int, Meta(ge=1, le=64)] = 8
+    context_size: AtLeast1 = 2048
+    threads: ZeroOrMore = 0
+    n_batch: AtLeast1 = 512
+    prefill_chunk: AtLeast1 = 128
+    max_prompt_tokens: ZeroOrMore = 0
+    max_new_tokens: AtLeast1 = 1024
+    prefix_cache_mb: ZeroOrMore = 256
+    prefix_cache_min_tokens: AtLeast1 = 16
+    requantize: Annotated[Literal["", "q8_0"], _why('must be "" (as shipped) or "q8_0"')] = ""
     chat_template: str = ""
     flash_attn: bool = True
     split_small_batches: bool = True
-    speculative: str = "ngram"
-    speculative_tokens: int = 8
-    speculative_ngram_max: int = 16
-    speculative_ngram_min: int = 2
+    speculative: Literal["off", "ngram", "draft"] = "ngram"
+    speculative_tokens: Annotated[int, Meta(ge=1, le=32)] = 8
+    """At most 32: 1 + 32 tokens a sequence stay under llama.cpp's 64."""
+    speculative_ngram_max: AtLeast1 = 16
+    speculative_ngram_min: AtLeast1 = 2
     speculative_adaptive: bool = True
     draft_model: str = ""
-    draft_requantize: str = ""
-
-    @classmethod
-    def parse(cls, raw: Mapping[str, Any], prefix: str) -> LlamaOptions:
-        kinds = {f.name: f.type for f in fields(cls)}
-        values: dict[str, Any] = {}
-        for key, value in raw.items():
-            if key not in kinds:
-                raise ConfigError.for_key(f"{prefix}.{key}", value, "unknown option for runtime "
-                                          f"llama; known: {', '.join(sorted(kinds))}")
-            want = {"str": str, "bool": bool}.get(str(kinds[key]), int)
-            if not isinstance(value, want) or (want is int and isinstance(value, bool)):
-                raise ConfigError.for_key(f"{prefix}.{key}", value, f"must be {want.__name__}")
-            values[key] = value
-        opts = cls(**values)
-        for key in ("slots", "context_size", "n_batch", "prefill_chunk", "max_new_tokens",
-                    "prefix_cache_min_tokens", "speculative_tokens", "speculative_ngram_min"):
-            if getattr(opts, key) < 1:
-                raise ConfigError.for_key(f"{prefix}.{key}", getattr(opts, key),
-                                          "must be at least 1")
-        for key in ("threads", "max_prompt_tokens", "prefix_cache_mb"):
-            if getattr(opts, key) < 0:
-                raise ConfigError.for_key(f"{prefix}.{key}", getattr(opts, key),
-                                          "must be zero or more")
-        if opts.requantize not in ("", "q8_0"):
-            raise ConfigError.for_key(f"{prefix}.requantize", opts.requantize,
-                                      'must be "" (as shipped) or "q8_0"')
-        opts._check_speculative(prefix)
-        if opts.speculative != "off" and not opts.flash_attn:
-            if "speculative" in raw:
-                raise ConfigError.for_key(f"{prefix}.speculative", opts.speculative,
-                                          "needs flash_attn = true: without it llama.cpp "
-                                          "computes a token differently when others of its "
-                                          "sequence are in the same batch, so drafts could "
-                                          "change the text")
-            opts = replace(opts, speculative="off")  # (the default gives way)
-        if opts.slots > 64:
-            raise ConfigError.for_key(f"{prefix}.slots", opts.slots, "must be at most 64")
-        if opts.n_batch < opts.slots:
-            raise ConfigError.for_key(f"{prefix}.n_batch", opts.n_batch,
-                                      f"must be at least slots ({opts.slots}): every step "
-                                      "carries one token of each sequence")
-        return opts
-
-    def _check_speculative(self, prefix: str) -> None:
-        if self.speculative not in SPECULATIVE_MODES:
-            raise ConfigError.for_key(f"{prefix}.speculative", self.speculative,
-                                      f"must be one of: {', '.join(SPECULATIVE_MODES)}")
-        if self.speculative_tokens > 32:  # 1 + 32 tokens a sequence: under llama.cpp's 64
-            raise ConfigError.for_key(f"{prefix}.speculative_tokens", self.speculative_tokens,
-                                      "must be at most 32")
-        if self.speculative_ngram_max < self.speculative_ngram_min:
-            raise ConfigError.for_key(f"{prefix}.speculative_ngram_max",
-                                      self.speculative_ngram_max, "must be at least "
-                                      f"speculative_ngram_min ({self.speculative_ngram_min})")
-        if self.draft_requantize not in ("", "q4_0", "q8_0"):
-            raise ConfigError.for_key(f"{prefix}.draft_requantize", self.draft_requantize,
-                                      'must be "", "q4_0" or "q8_0"')
-        drafted = bool(self.draft_model or self.draft_requantize)
-        if self.speculative == "draft" and not drafted:
-            raise ConfigError.for_key(f"{prefix}.speculative", self.speculative,
-                                      "needs draft_model (a smaller GGUF with the same "
-                                      "vocabulary) or draft_requantize")
-        if drafted and self.speculative != "draft":
-            key = "draft_model" if self.draft_model else "draft_requantize"
-            raise ConfigError.for_key(f"{prefix}.{key}", getattr(self, key),
-                                      'is used only with speculative = "draft"')
+    draft_requantize: Annotated[Literal["", "q4_0", "q8_0"],
+                                _why('must be "", "q4_0" or "q8_0"')] = ""
 
     @property
     def prompt_limit(self) -> int:

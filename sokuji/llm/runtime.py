@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,17 +38,19 @@ class LlamaRuntime:
     """How long ``close`` waits for prompt tokenisations in flight (each is bounded by the
     prompt's size check: tens of milliseconds) before giving up on freeing the model."""
 
-    def __init__(self, name: str, path: str | None, options: Mapping[str, Any],
+    def __init__(self, name: str, path: str | None, options: LlamaOptions,
                  cache_dir: str, max_queue_depth: int, priority_aging_ms: float,
-                 max_concurrency: int = 0) -> None:
+                 max_concurrency: int = 0, *, at: str) -> None:
+        """``options``: as the kind checked them when the config loaded (``path`` None: the
+        built-in smollm2); ``at``: where the model sits in the config (``models[1]``), named
+        by the errors only loading finds."""
         from sokuji.llm import native
 
-        builtin = path is None and name == SMOLLM2
-        self.options = LlamaOptions.parse(options, f"models['{name}'].options")
-        if path is None and not builtin:
-            raise ConfigError.for_key(f"models['{name}'].path", None,
-                                      "a llama model other than the built-in smollm2 needs a "
-                                      "GGUF path")
+        if path is None and name != SMOLLM2:
+            raise ValueError(f"{name}: a llama model other than the built-in smollm2 needs "
+                             "a GGUF path")
+        self.options = options
+        self.at = at
         self.name = name
         self.source = native.smollm2_path() if path is None else Path(path)
         self.cache_dir = cache_dir
@@ -70,11 +71,12 @@ class LlamaRuntime:
         from sokuji.llm.prompt import PromptBuilder
 
         o = self.options
-        path = native.requantized(self.source, o.requantize, self.cache_dir)
+        path = native.requantized(self.source, o.requantize, self.cache_dir,
+                                  key=f"{self.at}.options.requantize")
         shape = native.ContextShape(slots=o.slots, context_size=o.context_size,
                                     n_batch=o.n_batch, threads=o.threads or default_threads(),
                                     flash_attn=o.flash_attn)
-        self.model = native.LlamaModel(path, shape)
+        self.model = native.LlamaModel(path, shape, key=f"{self.at}.path")
         draft = self._load_draft(shape) if o.speculative == "draft" else None
         self.chat = ChatTemplate(o.chat_template or self.model.chat_template,
                                  self.model.bos, self.model.eos)
@@ -87,10 +89,8 @@ class LlamaRuntime:
         is the served model's, token for token."""
         from sokuji.llm import native
 
-        o, key = self.options, f"models['{self.name}'].options"
+        o, key = self.options, f"{self.at}.options"
         source = Path(o.draft_model) if o.draft_model else self.source
-        if not source.is_file():
-            raise ConfigError.for_key(f"{key}.draft_model", o.draft_model, "no such file")
         path = native.requantized(source, o.draft_requantize, self.cache_dir,
                                   key=f"{key}.draft_requantize")
         draft = native.LlamaModel(path, shape, key=f"{key}.draft_model")

@@ -78,12 +78,13 @@ class LLMReplica:
 
     async def __init__(  # type: ignore[misc]  # (Ray actors may construct asynchronously)
             self, config_builtins: dict[str, Any], model: str) -> None:
-        from sokuji.kinds.generator.kind import build_generator
+        from sokuji.kinds.generator.kind import KIND, build_generator
         from sokuji.scale.ray_env import config_from_builtins
 
         config = config_from_builtins(config_builtins)
-        self.model: GeneratorModel = build_generator(config.models[
-            [m.name for m in config.models].index(model)], config)
+        i = [m.name for m in config.models].index(model)
+        mc, at = config.models[i], f"models[{i}]"
+        self.model: GeneratorModel = build_generator(mc, KIND.parse(mc, at), config, at)
         self.model.start()  # (async: on the replica's loop, where generate() submits)
         self.replica = f"{serve.get_replica_context().replica_id.unique_id}:{os.getpid()}"
 
@@ -211,8 +212,12 @@ class RemoteGenerator(GeneratorModel):
 
     def __init__(self, config: ModelConfig, server: ServerConfig,
                  handle: DeploymentHandle) -> None:
-        runtime = LlamaRuntime(config.name, config.path, config.options, server.cache_dir,
-                               config.max_queue_depth, config.priority_aging_ms)
+        from sokuji.kinds.generator.kind import KIND
+
+        at = f"models[{[m.name for m in server.models].index(config.name)}]"
+        runtime = LlamaRuntime(config.name, config.path, KIND.parse(config, at),
+                               server.cache_dir, config.max_queue_depth,
+                               config.priority_aging_ms, at=at)
         vocab = _Vocab(runtime.source)
         runtime.model = vocab
         o = runtime.options

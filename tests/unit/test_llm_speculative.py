@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from sokuji.config import ModelConfig
 from sokuji.errors import ConfigError
 from sokuji.llm import native
 from sokuji.llm.engine import EngineConfig, GenerationEngine
@@ -20,6 +21,7 @@ from sokuji.llm.request import Delta, Finish, GenerationRequest, SamplingParams
 from sokuji.llm.sequence import Sequence
 from sokuji.llm.speculative import EXPLORE_SHARE, EXPLORE_START_S, History, SpecConfig, Speculator
 from sokuji.llm.step_cost import StepCosts
+from tests.conftest import options_of
 
 EOG = 0
 PROMPT = [7, 8, 9, 1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 5, 6, 7, 8]
@@ -262,32 +264,40 @@ def test_the_planner_follows_a_sequences_acceptance() -> None:
 
 
 # -- configuration ---------------------------------------------------------------------------
+def llama(**options: object) -> LlamaOptions:
+    """The options of a llama model as the config makes them when it loads."""
+    opts: LlamaOptions = options_of(ModelConfig(name="smollm2", runtime="llama",
+                                                options=options))
+    return opts
+
+
 @pytest.mark.parametrize(("options", "key"), [
-    ({"speculative": "eagle"}, "o.speculative"),
-    ({"speculative": "draft"}, "o.speculative"),  # no draft model named
-    ({"draft_requantize": "q4_0"}, "o.draft_requantize"),  # without speculative = "draft"
-    ({"speculative": "draft", "draft_requantize": "q2_k"}, "o.draft_requantize"),
-    ({"speculative_ngram_max": 1, "speculative_ngram_min": 2}, "o.speculative_ngram_max"),
-    ({"speculative_tokens": 0}, "o.speculative_tokens"),
-    ({"speculative_tokens": 33}, "o.speculative_tokens"),
-    ({"speculative": "ngram", "flash_attn": False}, "o.speculative"),
-    ({"speculative_adaptive": "yes"}, "o.speculative_adaptive"),
+    ({"speculative": "eagle"}, "models[0].options.speculative"),
+    ({"speculative": "draft"}, "models[0].options.speculative"),  # no draft model named
+    # without speculative = "draft":
+    ({"draft_requantize": "q4_0"}, "models[0].options.draft_requantize"),
+    ({"speculative": "draft", "draft_requantize": "q2_k"}, "models[0].options.draft_requantize"),
+    ({"speculative_ngram_max": 1, "speculative_ngram_min": 2},
+     "models[0].options.speculative_ngram_max"),
+    ({"speculative_tokens": 0}, "models[0].options.speculative_tokens"),
+    ({"speculative_tokens": 33}, "models[0].options.speculative_tokens"),
+    ({"speculative": "ngram", "flash_attn": False}, "models[0].options.speculative"),
+    ({"speculative_adaptive": "yes"}, "models[0].options.speculative_adaptive"),
 ])
 def test_speculative_options_are_checked_naming_the_key(options: dict[str, object],
                                                         key: str) -> None:
-    with pytest.raises(ConfigError) as exc:
-        LlamaOptions.parse(options, "o")
+    with pytest.raises(ConfigError) as exc:  # when the config loads, before any build
+        llama(**options)
     assert exc.value.param == key and f"'{key}'" in str(exc.value)
 
 
 def test_without_flash_attention_the_default_speculation_gives_way() -> None:
-    assert LlamaOptions.parse({"flash_attn": False}, "o").speculative == "off"
-    assert LlamaOptions.parse({}, "o").speculative == "ngram"
+    assert llama(flash_attn=False).speculative == "off"
+    assert llama().speculative == "ngram"
 
 
 def test_the_engine_takes_its_speculation_from_the_options() -> None:
-    opts = LlamaOptions.parse({"speculative": "ngram", "speculative_tokens": 3,
-                               "speculative_adaptive": False}, "o")
+    opts = llama(speculative="ngram", speculative_tokens=3, speculative_adaptive=False)
     got = EngineConfig.from_options(opts, 8, 0.0).speculative
     assert got == SpecConfig("ngram", 3, opts.speculative_ngram_max,
                              opts.speculative_ngram_min, False)

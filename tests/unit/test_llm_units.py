@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from sokuji.config import ModelConfig
 from sokuji.errors import ConfigError, InvalidInput, ModelNotReady
 from sokuji.llm.options import LlamaOptions
 from sokuji.llm.prefix_cache import Match, PrefixCache
@@ -16,6 +17,7 @@ from sokuji.llm.prompt import PromptBuilder
 from sokuji.llm.request import TextAssembler
 from sokuji.llm.runtime import LlamaRuntime
 from sokuji.server import llm_codec
+from tests.conftest import options_of
 
 
 def feed(asm: TextAssembler, pieces: list[bytes]) -> list[str]:
@@ -167,16 +169,23 @@ def test_completion_prompt_forms() -> None:
         llm_codec.decode(orjson.dumps({"model": "m", "prompt": "x", "echo": True}), False)
 
 
+def llama(**options: object) -> LlamaOptions:
+    """The options of a llama model as the config makes them when it loads."""
+    opts: LlamaOptions = options_of(ModelConfig(name="smollm2", runtime="llama",
+                                                options=options))
+    return opts
+
+
 def test_llama_options_validate() -> None:
-    assert LlamaOptions.parse({}, "o").requantize == ""  # served as shipped unless asked
-    assert LlamaOptions.parse({"requantize": "q8_0", "flash_attn": False}, "o").flash_attn \
-        is False
-    opts = LlamaOptions.parse({"context_size": 512, "max_prompt_tokens": 0}, "o")
+    assert llama().requantize == ""  # served as shipped unless asked
+    assert llama(requantize="q8_0", flash_attn=False).flash_attn is False
+    opts = llama(context_size=512, max_prompt_tokens=0)
     assert opts.prompt_limit == 511
     for bad in ({"slots": 0}, {"nope": 1}, {"requantize": "q2"}, {"threads": "2"},
                 {"slots": 100}, {"slots": 8, "n_batch": 4}):
-        with pytest.raises(ConfigError):
-            LlamaOptions.parse(bad, "o")
+        with pytest.raises(ConfigError) as err:  # when the config loads, before any build
+            llama(**bad)
+        assert err.value.param == f"models[0].options.{list(bad)[-1]}"
 
 
 # -- min_tokens: stop strings in text before it do not count ---------------------------------
@@ -259,7 +268,7 @@ class Chat:
 
 
 def builder(model: CountingModel | None = None) -> PromptBuilder:
-    opts = LlamaOptions.parse({"context_size": 101, "max_new_tokens": 50}, "o")
+    opts = LlamaOptions(context_size=101, max_new_tokens=50)
     return PromptBuilder("m", model or CountingModel(), Chat(), opts)
 
 
@@ -338,7 +347,8 @@ class GatedModel(CountingModel):
 
 
 def gated_runtime() -> tuple[LlamaRuntime, GatedModel]:
-    runtime = LlamaRuntime("m", "/not/loaded.gguf", {"context_size": 101}, "/tmp", 8, 0.0)
+    runtime = LlamaRuntime("m", "/not/loaded.gguf", LlamaOptions(context_size=101), "/tmp", 8,
+                           0.0, at="models[0]")
     model = GatedModel()
     runtime.model = model
     runtime.prompts = PromptBuilder("m", model, Chat(), runtime.options)
