@@ -100,10 +100,9 @@ class OcrEngine:
     input_name = "image"
     stage_names = STAGES
 
-    def __init__(self, name: str, options: Mapping[str, Any], intra_op_threads: int) -> None:
+    def __init__(self, name: str, options: OcrOptions) -> None:
         self.name = name
-        self.options = OcrOptions.parse(options, intra_op_threads)
-        o = self.options
+        self.options = o = options
         self.limits = media_image.ImageLimits(max_pixels=o.max_pixels, max_side=o.max_side)
         self.metadata = ModelMetadata(
             platform="onnxruntime_ocr",

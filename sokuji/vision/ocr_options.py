@@ -1,5 +1,6 @@
-"""The OCR engine's options (checked at start: ``ConfigError`` naming ``options.<key>``) and
-its per-request V2 parameters (checked per request: ``InvalidInput`` naming the key).
+"""The OCR engine's options (``OcrOptions``: checked when the config loads, ``ConfigError``
+naming ``models[i].options.<key>``) and its per-request V2 parameters (checked per request:
+``InvalidInput`` naming the key).
 
 Per request: ``text_score`` (drop lines scored below), ``box_thresh`` and ``unclip_ratio``
 (det post-processing, run per image), ``use_cls`` (whether the image's crops go through the
@@ -10,78 +11,40 @@ without touching cross-request batching.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
-from typing import Any
+from typing import Annotated, Any
 
-from sokuji.errors import ConfigError, InvalidInput
+from msgspec import Meta
+
+from sokuji.config_types import ZeroOrMoreS, _Table, _why
+from sokuji.errors import InvalidInput
 
 
-@dataclass(frozen=True, slots=True)
-class OcrOptions:
-    det_threads: int = 1
-    """Intra-op threads of the det session (default: the model's ``intra_op_threads``, or 1)."""
-    rec_threads: int = 1
+def _ints(lo: int, hi: int) -> Meta:
+    return _why(f"must be an integer from {lo} to {hi}", ge=lo, le=hi)
+
+
+class OcrOptions(_Table, frozen=True):
+    det_threads: Annotated[int, _ints(1, 64)] = 1
+    """Intra-op threads of the det session (default: the model's ``intra_op_threads``, or 1:
+    its kind fills it in)."""
+    rec_threads: Annotated[int, _ints(1, 64)] = 1
     """Intra-op threads of the cls and rec sessions (same default)."""
-    rec_max_batch: int = 8
-    rec_max_pixels: int = 2560
+    rec_max_batch: Annotated[int, _ints(1, 256)] = 8
+    rec_max_pixels: Annotated[int, _ints(0, 10_000_000)] = 2560
     """A rec batch's budget: items x padded width (8 crops at 320, 4 at 640, 2 at 960); 0:
     none.
     Measured (1 thread, real rec model): per crop, a batch is never cheaper than one crop
     alone, and above ~2560 it gets dearer (W=640: 24 ms a crop up to b4, 30-33 ms at b6;
     W=960: 36 ms alone, 47-50 ms at b4); up to 2560 it costs the same."""
     cross_request_batching: bool = True
-    max_pixels: int = 25_000_000
-    max_side: int = 20_000
-    text_score: float = 0.5
-    box_thresh: float = 0.5
-    unclip_ratio: float = 1.6
+    max_pixels: Annotated[int, _ints(1, 1_000_000_000)] = 25_000_000
+    max_side: Annotated[int, _ints(1, 1_000_000)] = 20_000
+    text_score: Annotated[float, _why("must be from 0 to 1", ge=0, le=1)] = 0.5
+    box_thresh: Annotated[float, _why("must be from 0 to 1", ge=0, le=1)] = 0.5
+    unclip_ratio: Annotated[float, _why("must be above 0 and at most 10", gt=0, le=10)] = 1.6
     use_cls: bool = True
-    priority_aging_ms: float = 1000.0
-
-    @classmethod
-    def parse(cls, options: Mapping[str, Any], intra_op_threads: int) -> OcrOptions:
-        known = {f.name for f in fields(cls)}
-        for key in options:
-            if key not in known:
-                raise ConfigError.for_key(f"options.{key}", options[key],
-                                          f"unknown OCR option; known: {', '.join(sorted(known))}")
-        threads = intra_op_threads if intra_op_threads > 0 else 1
-        values: dict[str, Any] = {"det_threads": threads, "rec_threads": threads}
-        for key, value in options.items():
-            values[key] = _checked(key, value)
-        return cls(**values)
-
-
-_INTS = {"det_threads": (1, 64), "rec_threads": (1, 64), "rec_max_batch": (1, 256),
-         "rec_max_pixels": (0, 10_000_000), "max_pixels": (1, 1_000_000_000),
-         "max_side": (1, 1_000_000)}
-_UNIT = ("text_score", "box_thresh")
-_BOOLS = ("cross_request_batching", "use_cls")
-
-
-def _checked(key: str, value: Any) -> Any:
-    def bad(reason: str) -> ConfigError:
-        return ConfigError.for_key(f"options.{key}", value, reason)
-
-    if key in _INTS:
-        lo, hi = _INTS[key]
-        if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-            raise bad(f"must be an integer from {lo} to {hi}")
-        return value
-    if key in _BOOLS:
-        if not isinstance(value, bool):
-            raise bad("must be true or false")
-        return value
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise bad("must be a number")
-    value = float(value)
-    if key in _UNIT and not 0.0 <= value <= 1.0:
-        raise bad("must be from 0 to 1")
-    if key == "unclip_ratio" and not 0.0 < value <= 10.0:
-        raise bad("must be above 0 and at most 10")
-    if key == "priority_aging_ms" and value < 0:
-        raise bad("must be zero or more")
-    return value
+    priority_aging_ms: ZeroOrMoreS = 1000.0
+    """Default: the model's ``priority_aging_ms`` (its kind fills it in)."""
 
 
 def request_parameters(raw: Mapping[str, Any], o: OcrOptions) -> dict[str, Any]:

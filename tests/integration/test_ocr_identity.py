@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from sokuji.config import ModelConfig
 from sokuji.core.request import Priority
 from sokuji.errors import ConfigError, DeadlineExceeded, InvalidInput, ModelNotReady, RuntimeFailed
 from sokuji.media.engine import MediaJob, StageClock
@@ -25,6 +26,8 @@ pytest.importorskip("rapidocr_onnxruntime")
 from rapidocr_onnxruntime import RapidOCR
 
 from sokuji.vision.ocr import OcrEngine
+from sokuji.vision.ocr_options import OcrOptions
+from tests.conftest import options_of
 
 IMAGES = Path(__file__).resolve().parent.parent / "data" / "media" / "images"
 NAMES = sorted(p.name for p in IMAGES.iterdir())
@@ -75,7 +78,7 @@ def assert_same(got: list[Any], expected: list[list[Any]] | None, name: str) -> 
 
 
 def make_engine(**options: Any) -> OcrEngine:
-    engine = OcrEngine("ocr", options, 1)
+    engine = OcrEngine("ocr", OcrOptions(**options))
     engine.load()
     engine.start()
     return engine
@@ -124,8 +127,9 @@ def test_metadata_and_options(engine: OcrEngine) -> None:
                                                          "image_index"]
     for bad in ({"rec_max_batch": 0}, {"cross_request_batching": "yes"}, {"text_score": 2},
                 {"nonsense": 1}, {"det_threads": 1.5}):
-        with pytest.raises(ConfigError, match=f"options.{next(iter(bad))}"):
-            OcrEngine("x", bad, 0)
+        with pytest.raises(ConfigError) as err:  # when the config loads, before any build
+            options_of(ModelConfig(name="x", runtime="ocr", options=bad))
+        assert err.value.param == f"models[0].options.{next(iter(bad))}"
     assert engine.parameters({"text_score": 0.2, "other": 1})["text_score"] == 0.2
     for key, value in (("text_score", "high"), ("box_thresh", 1.5), ("unclip_ratio", 0),
                        ("use_cls", 1)):
