@@ -29,18 +29,16 @@ from typing import Any
 import numpy as np
 
 from sokuji.audio.vad_model import (
-    DEFAULTS,
     MODEL_FILE,
     PARAMETERS,
     RATE_HZ,
-    RULES,
     FrameModel,
     check_parameters,
     frames_of,
     new_session,
-    number,
     segment,
 )
+from sokuji.audio.vad_options import VadOptions
 from sokuji.core import policy
 from sokuji.core.model import ModelMetadata, TensorSpec
 from sokuji.core.request import Priority
@@ -77,9 +75,9 @@ class VadResult:
 
 class VadEngine:
     """The ``MediaEngine`` of runtime ``vad``: one V2 input ``audio`` (WAV/FLAC bytes), the
-    segments out. Options (checked here, ``ConfigError`` naming ``options.<key>``):
-    ``instances``, ``threads``, ``max_audio_s``, ``priority_aging_ms`` and the defaults of
-    the per-request parameters (``PARAMETERS``)."""
+    segments out. Options: ``VadOptions`` (``vad_options.py``, checked when the config
+    loads): ``instances``, ``threads``, ``max_audio_s``, ``priority_aging_ms`` and the
+    defaults of the per-request parameters (``PARAMETERS``)."""
 
     input_name = "audio"
     stage_names = ("audio-decode", "resample", "infer-wait", "infer", "segments")
@@ -91,26 +89,13 @@ class VadEngine:
                  TensorSpec("audio_index", "INT32", (-1,)),
                  TensorSpec("duration_s", "FP32", (-1,))))
 
-    def __init__(self, name: str, options: Mapping[str, Any], intra_op_threads: int) -> None:
+    def __init__(self, name: str, options: VadOptions) -> None:
         self.name = name
-        unknown = sorted(set(options) - set(DEFAULTS))
-        if unknown:
-            raise ConfigError.for_key(f"options.{unknown[0]}", options[unknown[0]],
-                                      f"unknown option; known: {', '.join(DEFAULTS)}")
-        opts = dict(DEFAULTS)
-        for key, value in options.items():
-            lo, hi, open_lo, integer = RULES[key]
-            try:
-                opts[key] = number(key, value, lo, hi, open_lo=open_lo, integer=integer)
-            except ValueError as exc:
-                raise ConfigError.for_key(f"options.{key}", value, str(exc)) from None
-        if opts["threshold"] >= 1:
-            raise ConfigError.for_key("options.threshold", opts["threshold"], "must be < 1")
-        self.instances = int(opts["instances"])
-        self.threads = int(opts["threads"]) or intra_op_threads or 1
-        self.limits = audio.AudioLimits(max_audio_s=opts["max_audio_s"])
-        self.aging_ns = policy.aging_ns(opts["priority_aging_ms"])
-        self.defaults = {k: opts[k] for k in PARAMETERS}
+        self.instances = options.instances
+        self.threads = options.threads or 1
+        self.limits = audio.AudioLimits(max_audio_s=options.max_audio_s)
+        self.aging_ns = policy.aging_ns(options.priority_aging_ms)
+        self.defaults = {k: getattr(options, k) for k in PARAMETERS}
         self._sessions: list[Any] = []
         self._cond = threading.Condition()
         self._waiting: dict[Priority, deque[MediaJob]] = {p: deque() for p in Priority}

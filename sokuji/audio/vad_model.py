@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from sokuji.audio.vad_options import VadOptions
 from sokuji.audio.vad_segments import get_speech_timestamps_from_probs
 from sokuji.errors import ConfigError, InvalidInput
 
@@ -30,14 +31,11 @@ CONTEXT = 64
 MAX_FRAMES = 512
 """Frames per ONNX call (16.4 s of audio): silero's own default for the sequence model."""
 
-DEFAULTS: dict[str, float] = {
-    "instances": 1, "threads": 0, "max_audio_s": 600.0, "priority_aging_ms": 1000.0,
-    "threshold": 0.5, "min_speech_duration_ms": 250, "min_silence_duration_ms": 100,
-    "speech_pad_ms": 30, "max_speech_duration_s": math.inf,
-}
 PARAMETERS = ("threshold", "min_speech_duration_ms", "min_silence_duration_ms",
               "speech_pad_ms", "max_speech_duration_s")
 """Per-request V2 parameters (silero's arguments of the same names)."""
+DEFAULTS: dict[str, float] = {k: getattr(VadOptions(), k) for k in PARAMETERS}
+"""Their defaults where a model sets none (``VadOptions``)."""
 
 
 def model_path() -> str:
@@ -109,11 +107,7 @@ def number(key: str, value: Any, lo: float, hi: float, *, open_lo: bool = False,
 
 
 RULES: dict[str, tuple[float, float, bool, bool]] = {
-    # key: (lo, hi, open_lo, integer)
-    "instances": (1, 64, False, True),
-    "threads": (0, 64, False, True),
-    "max_audio_s": (0, 86400, True, False),
-    "priority_aging_ms": (0, 86_400_000, False, False),
+    # key: (lo, hi, open_lo, integer): a request's parameters (the options' are VadOptions)
     "threshold": (0, 1, True, False),
     "min_speech_duration_ms": (0, 3_600_000, False, False),
     "min_silence_duration_ms": (0, 3_600_000, False, False),

@@ -19,7 +19,9 @@ import numpy as np
 import pytest
 
 from sokuji.audio.vad import Cancelled, VadAudio, VadEngine
+from sokuji.audio.vad_options import VadOptions
 from sokuji.audio.vad_segments import get_speech_timestamps_from_probs
+from sokuji.config import ModelConfig
 from sokuji.core.request import Priority
 from sokuji.errors import (
     ConfigError,
@@ -29,6 +31,7 @@ from sokuji.errors import (
     RuntimeFailed,
 )
 from sokuji.media.engine import MediaJob, StageClock
+from tests.conftest import options_of
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "media" / "audio"
 FIXTURES = sorted(p.name for p in DATA.iterdir() if p.suffix in (".wav", ".flac"))
@@ -46,7 +49,7 @@ def silero() -> Any:
 
 @pytest.fixture(scope="module")
 def engine() -> Iterator[VadEngine]:
-    eng = VadEngine("vad", {}, 1)
+    eng = VadEngine("vad", VadOptions())
     eng.load()
     eng.warmup()
     eng.start()
@@ -212,7 +215,7 @@ def test_stages_are_recorded(engine: VadEngine) -> None:
 @pytest.fixture
 def busy() -> Iterator[tuple[VadEngine, Done]]:
     """A one-worker engine whose worker is held inside a job's ``done``."""
-    eng = VadEngine("vad", {"priority_aging_ms": 60_000}, 1)
+    eng = VadEngine("vad", VadOptions(priority_aging_ms=60_000))
     eng.load()
     eng.start()
     holder = Done(hold=True)
@@ -273,7 +276,7 @@ def test_priority_then_arrival(busy: tuple[VadEngine, Done]) -> None:
 
 
 def test_aged_batch_job_goes_in_arrival_order() -> None:
-    eng = VadEngine("vad", {"priority_aging_ms": 0}, 1)
+    eng = VadEngine("vad", VadOptions(priority_aging_ms=0))
     eng.load()
     eng.start()
     try:
@@ -325,7 +328,7 @@ def test_a_failing_job_is_a_runtime_failure_and_the_worker_lives(engine: VadEngi
 
 
 def test_two_instances_give_the_same_segments() -> None:
-    eng = VadEngine("vad2", {"instances": 2, "threads": 1}, 0)
+    eng = VadEngine("vad2", VadOptions(instances=2, threads=1))
     eng.load()
     eng.start()
     try:
@@ -341,21 +344,22 @@ def test_two_instances_give_the_same_segments() -> None:
 
 
 @pytest.mark.parametrize(("options", "key"), [
-    ({"instances": 0}, "options.instances"), ({"instances": 1.5}, "options.instances"),
-    ({"threads": "2"}, "options.threads"), ({"max_audio_s": -1}, "options.max_audio_s"),
-    ({"threshold": 1.0}, "options.threshold"), ({"threshold": 0}, "options.threshold"),
-    ({"speech_pad_ms": -5}, "options.speech_pad_ms"),
-    ({"min_silence_duration_ms": True}, "options.min_silence_duration_ms"),
-    ({"min_speech_duration_ms": float("nan")}, "options.min_speech_duration_ms"),
-    ({"treshold": 0.5}, "options.treshold")])
-def test_options_are_checked_at_construction(options: dict[str, Any], key: str) -> None:
-    with pytest.raises(ConfigError) as info:
-        VadEngine("vad", options, 1)
+    ({"instances": 0}, "instances"), ({"instances": 1.5}, "instances"),
+    ({"threads": "2"}, "threads"), ({"max_audio_s": -1}, "max_audio_s"),
+    ({"threshold": 1.0}, "threshold"), ({"threshold": 0}, "threshold"),
+    ({"speech_pad_ms": -5}, "speech_pad_ms"),
+    ({"min_silence_duration_ms": True}, "min_silence_duration_ms"),
+    ({"min_speech_duration_ms": float("nan")}, "min_speech_duration_ms"),
+    ({"treshold": 0.5}, "treshold")])
+def test_options_are_checked_when_the_config_loads(options: dict[str, Any], key: str) -> None:
+    key = f"models[0].options.{key}"
+    with pytest.raises(ConfigError) as info:  # before any build
+        options_of(ModelConfig(name="vad", runtime="vad", options=options))
     assert info.value.param == key and f"'{key}'" in info.value.message
 
 
 def test_option_defaults_are_the_request_defaults() -> None:
-    eng = VadEngine("vad", {"threshold": 0.8, "max_audio_s": 5}, 1)
+    eng = VadEngine("vad", VadOptions(threshold=0.8, max_audio_s=5))
     assert eng.parameters({})["threshold"] == 0.8
     assert eng.parameters({"threshold": 0.3})["threshold"] == 0.3
     assert eng.limits.max_audio_s == 5
@@ -380,7 +384,8 @@ def test_unknown_parameters_are_ignored(engine: VadEngine) -> None:
 
 
 def test_serving_imports_neither_torch_nor_silero_vad() -> None:
-    code = ("import sys; from sokuji.audio.vad import VadEngine; e = VadEngine('v', {}, 1); "
+    code = ("import sys; from sokuji.audio.vad import VadEngine; "
+            "from sokuji.audio.vad_options import VadOptions; e = VadEngine('v', VadOptions()); "
             "e.load(); e.warmup(); "
             "assert 'torch' not in sys.modules and 'silero_vad' not in sys.modules, "
             "sorted(m for m in sys.modules if m.startswith(('torch', 'silero')))")

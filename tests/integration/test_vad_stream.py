@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from sokuji.audio.vad import VadEngine
+from sokuji.audio.vad_options import VadOptions
 from sokuji.audio.vad_stream import VadStream, WavStreamDecoder
 from sokuji.core.request import Priority
 from sokuji.errors import InvalidInput, PayloadTooLarge, UnsupportedMediaType
@@ -29,7 +30,7 @@ PARAMS: list[dict[str, Any]] = [
 
 @pytest.fixture(scope="module")
 def engine() -> Iterator[VadEngine]:
-    eng = VadEngine("vad", {}, 1)
+    eng = VadEngine("vad", VadOptions())
     eng.load()
     eng.start()
     yield eng

@@ -1,26 +1,36 @@
 """Kind ``vad``: a ``VadEngine`` (``sokuji/audio/vad.py``) under a ``MediaModel``
-(``media/model.py``: admission in files, the deadline, decoding in the preparation pool)."""
+(``media/model.py``: admission in files, the deadline, decoding in the preparation pool).
+Its options are ``VadOptions`` (``audio/vad_options.py``)."""
 
 from __future__ import annotations
 
-from typing import Any
+import msgspec
 
+from sokuji.audio.vad_options import VadOptions
 from sokuji.config import ModelConfig
 from sokuji.kinds.kind import BuildEnv, Built, Kind
 
 
 class VadKind(Kind):
-    def parse(self, model: ModelConfig, at: str) -> Any:
-        return model.options  # checked by the engine when it is built
+    options = VadOptions
 
-    def build(self, model: ModelConfig, options: Any, env: BuildEnv) -> Built:
+    def parse(self, model: ModelConfig, at: str) -> VadOptions:
+        """The schema's options, with the model's own where they leave it open: its
+        ``intra_op_threads`` for ``threads = 0``, its aging rule for the engine's queue
+        unless the table sets one."""
+        options: VadOptions = super().parse(model, at)
+        fills: dict[str, float] = {}
+        if options.threads == 0:
+            fills["threads"] = model.intra_op_threads
+        if "priority_aging_ms" not in model.options:
+            fills["priority_aging_ms"] = model.priority_aging_ms
+        return msgspec.structs.replace(options, **fills)
+
+    def build(self, model: ModelConfig, options: VadOptions, env: BuildEnv) -> Built:
         from sokuji.audio.vad import VadEngine
         from sokuji.media.model import MediaModel
 
-        # The model's aging rule reaches the engine's queues as an option (an explicit
-        # option wins).
-        options = {"priority_aging_ms": model.priority_aging_ms, **options}
-        engine = VadEngine(model.name, options, model.intra_op_threads)
+        engine = VadEngine(model.name, options)
         engine.load()
         if model.warmup:
             engine.warmup()
