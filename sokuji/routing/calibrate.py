@@ -151,7 +151,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from rich.console import Console
 
     from sokuji import config as cfg
-    from sokuji.routing.config import parse_router
+    from sokuji.repository import registry
     from sokuji.routing.router import calibration_path
     from sokuji.runtimes.classifier import ClassifierRuntime
 
@@ -173,8 +173,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     mc = config.model(args.router)
     if mc is None or mc.runtime != "router":
         raise SystemExit(f"no router '{args.router}' in the config")
-    at = f"models[{[m.name for m in config.models].index(mc.name)}].options"
-    opts = parse_router(mc.options, at, {m.name: m.runtime for m in config.models})
+    names = [m.name for m in config.models]
+    opts = registry.get(mc.runtime).parse(mc, f"models[{names.index(mc.name)}]")
     if opts.kind != "cascade":
         raise SystemExit(f"router '{args.router}' is a {opts.kind} router, not a cascade")
     runtimes = []
@@ -182,7 +182,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name in opts.targets:
             model = config.model(name)
             assert model is not None
-            rt = ClassifierRuntime(model, config)
+            options = registry.get(model.runtime).parse(model, f"models[{names.index(name)}]")
+            rt = ClassifierRuntime(model, options, config)
             rt.load()
             runtimes.append(rt)
     small, large = runtimes

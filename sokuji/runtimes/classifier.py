@@ -7,7 +7,8 @@ cosine to one of the label's prototypes (``"nn"``). The prediction is the best l
 **margin** (top-1 minus top-2 score) its confidence, which a cascade router compares with a
 threshold to decide whether a larger model should answer instead (``predict``, ``margin``).
 
-Options (``[models.options]``, checked at start: ``ConfigError`` naming the key):
+Options (``[models.options]``: ``ClassifierOptions``, checked when the config loads,
+``ConfigError`` naming the key):
   encoder          minilm (built in) | mpnet (all-mpnet-base-v2, ``weights/mpnet.py``) | the
                    path of an ONNX encoder (then ``tokenizer`` is required)
   tokenizer        tokenizer.json of an ONNX encoder given by path (default: the model's
@@ -24,14 +25,14 @@ sorted order (``labels``).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Literal
 
 import numpy as np
 
 from sokuji.config import ModelConfig, ServerConfig
+from sokuji.config_types import NonEmpty, _Table, _why
 from sokuji.errors import ConfigError
 from sokuji.runtimes.base import ModelMetadata, Prepared, TensorSpec
 from sokuji.runtimes.corpus_embedding import embed_corpus
@@ -39,12 +40,10 @@ from sokuji.runtimes.onnx import INPUT_NAME, OnnxEncoderRuntime
 
 OUTPUT_NAME = "scores"
 ENCODERS = ("minilm", "mpnet")
-SCHEMES = ("centroid", "nn")
 BUILTIN_PROTOTYPES = {
     "intents": Path(__file__).resolve().parent.parent / "routing" / "data"
     / "intents_prototypes.jsonl",
 }
-_KNOWN = frozenset({"encoder", "tokenizer", "prototypes", "scheme", "intra_op_threads"})
 
 
 def margin(scores: np.ndarray) -> np.ndarray:
@@ -62,64 +61,24 @@ def predict(scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return rows.argmax(axis=1), margin(rows)
 
 
-@dataclass(frozen=True, slots=True)
-class ClassifierOptions:
-    encoder: str
-    tokenizer: str | None
-    prototypes: Path
-    scheme: str
-    intra_op_threads: int
+class ClassifierOptions(_Table, frozen=True):
+    """Checked when the config loads (``kinds/classifier``: the schema, then the files)."""
+
+    encoder: NonEmpty = "minilm"
+    tokenizer: NonEmpty | None = None
+    """Default: the model's ``tokenizer`` (its kind fills it in)."""
+    prototypes: NonEmpty = "builtin:intents"
+    scheme: Literal["centroid", "nn"] = "centroid"
+    intra_op_threads: Annotated[int, _why("must be zero (auto) or more", ge=0)] = 0
+    """Default: the model's ``intra_op_threads`` (its kind fills it in)."""
 
 
-def parse_options(model: ModelConfig, at: str) -> ClassifierOptions:
-    """The model's options, checked (``at``: the key prefix errors name)."""
-    opts: Mapping[str, Any] = model.options
-    for key in opts:
-        if key not in _KNOWN:
-            raise ConfigError.for_key(f"{at}.{key}", opts[key],
-                                      f"unknown option (known: {', '.join(sorted(_KNOWN))})")
-
-    def text(key: str, default: str | None) -> str | None:
-        value = opts.get(key, default)
-        if value is not None and (not isinstance(value, str) or not value):
-            raise ConfigError.for_key(f"{at}.{key}", value, "must be a non-empty string")
-        return value
-
-    encoder = text("encoder", "minilm") or "minilm"
-    tokenizer = text("tokenizer", model.tokenizer)
-    if encoder not in ENCODERS:
-        if not Path(encoder).is_file():
-            raise ConfigError.for_key(f"{at}.encoder", encoder,
-                                      f"must be one of: {', '.join(ENCODERS)}, or the path "
-                                      "of an ONNX encoder file (no such file)")
-        if tokenizer is None:
-            raise ConfigError.for_key(f"{at}.tokenizer", None,
-                                      "an encoder given by path needs its tokenizer.json")
-        if not Path(tokenizer).is_file():
-            raise ConfigError.for_key(f"{at}.tokenizer", tokenizer, "no such file")
-    elif "tokenizer" in opts:
-        raise ConfigError.for_key(f"{at}.tokenizer", tokenizer, f"the built-in {encoder} "
-                                  "brings its own tokenizer: set it only with an encoder path")
-    scheme = text("scheme", "centroid")
-    if scheme not in SCHEMES:
-        raise ConfigError.for_key(f"{at}.scheme", scheme, f"must be one of: {', '.join(SCHEMES)}")
-    threads = opts.get("intra_op_threads", model.intra_op_threads)
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 0:
-        raise ConfigError.for_key(f"{at}.intra_op_threads", threads,
-                                  "must be zero (auto) or more")
-    source = text("prototypes", "builtin:intents") or ""
+def prototypes_path(source: str) -> Path | None:
+    """The file ``prototypes`` names (a path, or ``builtin:<name>``); None: no such
+    built-in set."""
     if source.startswith("builtin:"):
-        name = source.removeprefix("builtin:")
-        if name not in BUILTIN_PROTOTYPES:
-            known = ", ".join(f"builtin:{n}" for n in BUILTIN_PROTOTYPES)
-            raise ConfigError.for_key(f"{at}.prototypes", source,
-                                      f"unknown built-in set (known: {known})")
-        path = BUILTIN_PROTOTYPES[name]
-    else:
-        path = Path(source)
-    if not path.is_file():
-        raise ConfigError.for_key(f"{at}.prototypes", source, f"no such file: {path}")
-    return ClassifierOptions(encoder, tokenizer, path, scheme or "centroid", threads)
+        return BUILTIN_PROTOTYPES.get(source.removeprefix("builtin:"))
+    return Path(source)
 
 
 def load_prototypes(path: Path, key: str) -> tuple[list[str], list[str]]:
@@ -152,15 +111,21 @@ def load_prototypes(path: Path, key: str) -> tuple[list[str], list[str]]:
 
 
 class ClassifierRuntime:
-    def __init__(self, model: ModelConfig, server: ServerConfig) -> None:
+    def __init__(self, model: ModelConfig, options: ClassifierOptions,
+                 server: ServerConfig) -> None:
+        """``options``: as its kind checked them when the config loaded."""
         self.name = model.name
         names = [m.name for m in server.models]
-        # Errors name the key as the config's own checks do (models[3].options.scheme).
+        # Errors name the key as the config's own checks do (models[3].options.encoder).
         self.at = (f"models[{names.index(model.name)}].options" if model.name in names
                    else f"models['{model.name}'].options")
-        self.options = parse_options(model, self.at)
-        self._texts, self._raw_labels = load_prototypes(self.options.prototypes,
-                                                        f"{self.at}.prototypes")
+        self.options = options
+        path = prototypes_path(options.prototypes)
+        if path is None:
+            raise ConfigError.for_key(f"{self.at}.prototypes", options.prototypes,
+                                      "no such built-in set")
+        self.prototypes = path
+        self._texts, self._raw_labels = load_prototypes(path, f"{self.at}.prototypes")
         self.labels: tuple[str, ...] = tuple(sorted(set(self._raw_labels)))
         self._model = model
         self._cache_dir = server.cache_dir
@@ -192,7 +157,7 @@ class ClassifierRuntime:
                 mpnet.ensure_onnx(self._cache_dir), mpnet.tokenizer_path(self._cache_dir),
                 intra_op_threads=o.intra_op_threads,
                 max_sequence_length=min(limit, mpnet.max_sequence_length(self._cache_dir)))
-        assert o.tokenizer is not None  # parse_options requires it for a path
+        assert o.tokenizer is not None  # its kind requires it for a path
         return OnnxEncoderRuntime(o.encoder, o.tokenizer, intra_op_threads=o.intra_op_threads,
                                   max_sequence_length=limit)
 

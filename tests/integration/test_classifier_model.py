@@ -16,7 +16,7 @@ from sokuji.repository import registry
 from sokuji.runtimes.classifier import ClassifierRuntime, predict
 from sokuji.runtimes.onnx import OnnxEncoderRuntime
 from sokuji.weights import mpnet
-from tests.conftest import CACHE_DIR, client_for
+from tests.conftest import CACHE_DIR, client_for, options_of
 
 pytestmark = pytest.mark.integration
 
@@ -57,7 +57,8 @@ def test_mpnet_export_matches_sentence_transformers() -> None:
 
 @needs_mpnet
 def test_mpnet_classifier() -> None:
-    rt = ClassifierRuntime(model(encoder="mpnet"), cfg.ServerConfig(cache_dir=str(CACHE_DIR)))
+    mc = model(encoder="mpnet")
+    rt = ClassifierRuntime(mc, options_of(mc), cfg.ServerConfig(cache_dir=str(CACHE_DIR)))
     rt.load()
     try:
         assert rt.dim == 768 and rt.describe().outputs[0].shape == (-1, 4)

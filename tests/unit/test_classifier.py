@@ -19,7 +19,7 @@ from sokuji.errors import ConfigError
 from sokuji.runtimes.classifier import ClassifierRuntime, margin, predict
 from sokuji.runtimes.onnx import OnnxEncoderRuntime
 from sokuji.weights import minilm, mpnet
-from tests.conftest import CACHE_DIR
+from tests.conftest import CACHE_DIR, options_of
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "routing"
 PROTOTYPES = DATA / "prototypes.jsonl"
@@ -31,7 +31,8 @@ LABELS = ("alarm_set", "balance", "card_lost", "weather")
 def runtime(**options: Any) -> ClassifierRuntime:
     opts = {"prototypes": str(PROTOTYPES), "intra_op_threads": 1, **options}
     model = ModelConfig(name="intent", runtime="classifier", options=opts)
-    return ClassifierRuntime(model, ServerConfig(models=(model,), cache_dir=str(CACHE_DIR)))
+    return ClassifierRuntime(model, options_of(model),  # option errors: when the config loads
+                             ServerConfig(models=(model,), cache_dir=str(CACHE_DIR)))
 
 
 @pytest.fixture(scope="module")
@@ -218,8 +219,9 @@ def test_split_zip_extracts_the_model_dir_only(tmp_path: Path) -> None:
 
 def test_builtin_intents_are_the_default_prototypes() -> None:
     model = ModelConfig(name="intent", runtime="classifier")
-    rt = ClassifierRuntime(model, ServerConfig(models=(model,), cache_dir=str(CACHE_DIR)))
+    rt = ClassifierRuntime(model, options_of(model),
+                           ServerConfig(models=(model,), cache_dir=str(CACHE_DIR)))
     path = Path(__file__).resolve().parents[2] / "sokuji/routing/data/intents_prototypes.jsonl"
-    assert rt.options.prototypes == path and rt.options.encoder == "minilm"
+    assert rt.prototypes == path and rt.options.encoder == "minilm"
     labels = {json.loads(line)["label"] for line in path.read_text().splitlines() if line}
     assert rt.labels == tuple(sorted(labels)) and len(labels) >= 2
