@@ -1,5 +1,6 @@
 """A pipeline's graph from its config: which step reads what, in which order they may run.
-Pure: checked once at start-up (``config._check``), errors name the key as the file spells it.
+Pure: checked once at start-up (``config._check``), errors name the key as the file spells it;
+each step's options are checked against its kind's schema (``step_options.py``).
 
 A step's input is a reference: ``input.<name>`` (the request's input), ``<step>`` (that
 step's whole output) or ``<step>.<key>`` (one key of a step's output, a mapping). A step
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 
 from sokuji.errors import ConfigError
 from sokuji.pipelines.config import PipelineConfig, StepConfig
+from sokuji.pipelines.step_options import step_options
 
 INPUT = "input"
 _FUNCTION = re.compile(r"\A[A-Za-z_][\w.]*:[A-Za-z_]\w*\Z")
@@ -118,6 +120,7 @@ def check_pipeline(p: PipelineConfig, at: str, models: set[str]) -> Graph:
 
 
 def _check_kind(step: StepConfig, at: str, models: set[str]) -> None:
+    options = step_options(step, at)
     if step.kind == "model":
         if step.model not in models:
             raise ConfigError.for_key(f"{at}.model", step.model or None,
@@ -127,9 +130,11 @@ def _check_kind(step: StepConfig, at: str, models: set[str]) -> None:
             raise ConfigError.for_key(f"{at}.function", step.function or None,
                                       "must be package.module:function")
     elif step.kind == "retrieve":
-        encoder = step.options.get("encoder")
-        if encoder is not None and encoder not in models:
-            raise ConfigError.for_key(f"{at}.options.encoder", encoder, "no such model")
+        if options.encoder is not None and options.encoder not in models:
+            raise ConfigError.for_key(f"{at}.options.encoder", options.encoder, "no such model")
+        if options.mode != "bm25" and options.encoder is None:
+            raise ConfigError.for_key(f"{at}.options.encoder", None, f"mode '{options.mode}' "
+                                      "needs the encoder that embeds queries")
     if step.on_error == "fallback" and step.fallback is None:
         raise ConfigError.for_key(f"{at}.fallback", None,
                                   "on_error = 'fallback' needs a fallback value")

@@ -35,12 +35,17 @@ from sokuji.core.model import GenerationInput, ModelKind, RequestContext, Served
 from sokuji.errors import ConfigError, InvalidInput
 from sokuji.pipelines.config import StepConfig
 from sokuji.pipelines.run import Answer
+from sokuji.pipelines.step_options import (
+    FeaturesOptions,
+    GenerateOptions,
+    RetrieveOptions,
+    step_options,
+)
 
 Step = Callable[[dict[str, Any], RequestContext, Answer | None], Awaitable[Any]]
 INLINE_SEARCH_S = 0.001
 OPEN_TENANT = "anonymous"
 """Every caller of a server without API keys (``server/auth.py``)."""
-GEN_OPTIONS = ("max_tokens", "temperature", "top_p", "seed", "stop", "min_tokens")
 
 
 @dataclass
@@ -57,7 +62,9 @@ class Resources:
 
 
 def build_step(cfg: StepConfig, at: str, res: Resources) -> Step:
-    """The step's work; ``ConfigError`` (naming ``at``) for what only shows at start-up."""
+    """The step's work, from its options as ``graph.check_pipeline`` checked them when the
+    config loaded; ``ConfigError`` (naming ``at``) for what only building shows (an index,
+    a store, what kind of model a step calls)."""
     if cfg.kind == "model":
         model = res.models[cfg.model]
         if model.kind is ModelKind.GENERATOR:
@@ -91,12 +98,8 @@ def _encoder_step(model: ServedModel) -> Step:
 
 
 def _generator_step(cfg: StepConfig, at: str, model: ServedModel) -> Step:
-    unknown = set(cfg.options) - set(GEN_OPTIONS)
-    if unknown:
-        raise ConfigError.for_key(f"{at}.options", sorted(unknown)[0],
-                                  f"unknown option; known: {', '.join(GEN_OPTIONS)}")
-    o = cfg.options
-    stop = o.get("stop", ())
+    o: GenerateOptions = step_options(cfg, at)
+    stop = (o.stop,) if isinstance(o.stop, str) else o.stop
 
     async def run(args: dict[str, Any], ctx: RequestContext, answer: Answer | None) -> Any:
         messages, prompt = args.get("messages"), args.get("prompt")
@@ -105,14 +108,13 @@ def _generator_step(cfg: StepConfig, at: str, model: ServedModel) -> Step:
         if answer is None:
             inputs = GenerationInput(
                 chat=messages is not None, messages=messages, prompt=prompt,
-                max_tokens=o.get("max_tokens"), max_tokens_field="max_tokens",
-                min_tokens=int(o.get("min_tokens", 0)), ignore_eos=False,
-                temperature=float(o.get("temperature", 0.0)), top_p=float(o.get("top_p", 1.0)),
-                stop=(stop,) if isinstance(stop, str) else tuple(stop), seed=o.get("seed"))
+                max_tokens=o.max_tokens, max_tokens_field="max_tokens",
+                min_tokens=o.min_tokens, ignore_eos=False, temperature=o.temperature,
+                top_p=o.top_p, stop=stop, seed=o.seed)
         else:  # the chat request's answer: sampled as the client asks
             inputs = dataclasses.replace(
                 answer.request, chat=messages is not None, messages=messages, prompt=prompt,
-                max_tokens=answer.request.max_tokens or o.get("max_tokens"))
+                max_tokens=answer.request.max_tokens or o.max_tokens)
         model.check_admission()
         prepared = await model.prepare(inputs, ctx)
         if answer is not None:  # the caller relays its events; the pipeline's timing is its
@@ -122,25 +124,16 @@ def _generator_step(cfg: StepConfig, at: str, model: ServedModel) -> Step:
 
 
 def _retrieve_step(cfg: StepConfig, at: str, res: Resources) -> Step:
-    o = dict(cfg.options)
-    name = str(o.pop("index", "pydoc"))
-    encoder_name = o.pop("encoder", None)
-    encoder = res.models.get(encoder_name) if encoder_name else None
+    o: RetrieveOptions = step_options(cfg, at)
+    encoder = res.models.get(o.encoder) if o.encoder else None
     if encoder is not None and encoder.kind is not ModelKind.ENCODER:
-        raise ConfigError.for_key(f"{at}.options.encoder", encoder_name, "not an encoder")
-    if name not in res.indexes:
+        raise ConfigError.for_key(f"{at}.options.encoder", o.encoder, "not an encoder")
+    if o.index not in res.indexes:
         assert res.open_index is not None
-        res.indexes[name] = res.open_index(name, encoder)
-    index = res.indexes[name]
-    k, mode = int(o.pop("k", 5)), str(o.pop("mode", "hybrid"))
-    candidates, rerank = int(o.pop("candidates", 50)), bool(o.pop("rerank", False))
-    static_filters = o.pop("filters", None)
-    if o:
-        raise ConfigError.for_key(f"{at}.options", sorted(o)[0], "unknown option; known: "
-                                  "index, encoder, k, mode, candidates, rerank, filters")
-    if mode != "bm25" and encoder is None:
-        raise ConfigError.for_key(f"{at}.options.encoder", None,
-                                  f"mode '{mode}' needs the encoder that embeds queries")
+        res.indexes[o.index] = res.open_index(o.index, encoder)
+    index = res.indexes[o.index]
+    k, mode, candidates, rerank = o.k, o.mode, o.candidates, o.rerank
+    static_filters = o.filters
 
     cost = [0.0]  # EWMA of an inline search's seconds
 
@@ -172,22 +165,13 @@ def _retrieve_step(cfg: StepConfig, at: str, res: Resources) -> Step:
 
 
 def _features_step(cfg: StepConfig, at: str, res: Resources) -> Step:
-    o = dict(cfg.options)
-    store_name = str(o.pop("store", "users"))
-    entity = str(o.pop("entity", "user"))
-    features = o.pop("features", None)
-    scoped = bool(o.pop("scope_by_tenant", True))
-    if not isinstance(features, list | tuple) or not features:
-        raise ConfigError.for_key(f"{at}.options.features", features,
-                                  "must be a non-empty list of feature names")
-    if o:
-        raise ConfigError.for_key(f"{at}.options", sorted(o)[0], "unknown option; known: "
-                                  "store, entity, features, scope_by_tenant")
+    o: FeaturesOptions = step_options(cfg, at)
+    store_name, entity, scoped = o.store, o.entity, o.scope_by_tenant
     if store_name not in res.stores:
         assert res.open_store is not None
         res.stores[store_name] = res.open_store(store_name)
     store = res.stores[store_name]
-    names = [str(f) for f in features]
+    names = list(o.features)
     known = store.entities()
     if entity not in known:
         raise ConfigError.for_key(f"{at}.options.entity", entity,
