@@ -47,7 +47,7 @@ def test_a_model_slo_and_tenant_slos_load(tmp_path) -> None:  # type: ignore[no-
 @pytest.mark.parametrize(("text", "key", "reason"), [
     (MODEL + 'slo = {p99_ms = 0}\n', "models[0].slo.p99_ms", ""),
     (MODEL + 'slo = {p99_ms = 10, error_rate = 1.0}\n', "models[0].slo.error_rate",
-     "less than 1"),
+     "must be between 0 and 1 (exclusive)"),
     (MODEL + 'slo = {p99_ms = 10, tenant = "a"}\n', "models[0].slo", "use [[slos]]"),
     (MODEL + '[[slos]]\np99_ms = 10\n', "slos[0].tenant", "is required"),
     (MODEL + '[[slos]]\ntenant = "a"\np99_ms = 10\nmodel = "nope"\n', "slos[0].model",
