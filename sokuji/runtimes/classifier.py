@@ -121,9 +121,7 @@ class ClassifierRuntime:
                    else f"models['{model.name}'].options")
         self.options = options
         path = prototypes_path(options.prototypes)
-        if path is None:
-            raise ConfigError.for_key(f"{self.at}.prototypes", options.prototypes,
-                                      "no such built-in set")
+        assert path is not None  # its kind checked the built-in set's name
         self.prototypes = path
         self._texts, self._raw_labels = load_prototypes(path, f"{self.at}.prototypes")
         self.labels: tuple[str, ...] = tuple(sorted(set(self._raw_labels)))
