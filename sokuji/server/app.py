@@ -23,6 +23,8 @@ from starlette.applications import Starlette
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sokuji.config import ServerConfig
+from sokuji.core import timing
+from sokuji.core.model import Api
 from sokuji.core.request import Stage, Timeline
 from sokuji.errors import (
     ConfigError,
@@ -35,7 +37,7 @@ from sokuji.observability import tracing
 from sokuji.observability.metrics import Metrics
 from sokuji.observability.observers import Observers
 from sokuji.repository.models import ModelRepository
-from sokuji.server import backends, llm_api, media_http, semantic, v2
+from sokuji.server import backends, llm_api, scheduling, stream, v2
 from sokuji.server.auth import Tenant
 from sokuji.server.control import ControlPlane
 from sokuji.server.failures import ErrorStyle, error_reply, to_error
@@ -44,12 +46,12 @@ from sokuji.server.http import (
     Headers,
     Reply,
 )
-from sokuji.server.inference import Inference
+from sokuji.server.inference import Answer, Inference
 from sokuji.server.jobs import JOBS_PREFIX, JobService
 
 log = logging.getLogger(__name__)
-Endpoint = Callable[[dict[str, str], Headers, Receive, Timeline, Tenant],
-                    Awaitable[tuple[str, bytes, Headers]]]
+Endpoint = Callable[[dict[str, str], Headers, Receive, Timeline, Tenant], Awaitable[Answer]]
+SERVED_BY = "x-sokuji-served-by"
 
 
 Route = tuple[Endpoint, dict[str, str], ErrorStyle]
@@ -67,7 +69,6 @@ class SokujiApp:
         self.auth = inference.auth
         self.generation = llm_api.Generation(inference.config, inference.repo,
                                              inference.metrics)
-        self.generation.semantic = inference.semantic
         self.tracer = self.generation.tracer = tracer
         """Traces (``observability/tracing.py``); None when off: every hook is one test."""
         self.control_plane = control_plane
@@ -125,15 +126,34 @@ class SokujiApp:
         elif self.jobs is not None and "respond-async" in headers.get("prefer", ""):
             reply = await self.guard(method, path, {}, self.jobs.submit(
                 path, headers, receive, tenant), style)
-        elif route is not None and media_http.streams(self.inference.repo, route[1], headers):
-            reply = await self.guard(method, path, route[1], media_http.stream(
-                self.inference, route[1], headers, scope.get("query_string", b""), receive,
-                send, t0, tenant), style, t0)
+        elif route is not None and self._streams(route[1], headers):
+            reply = await self.guard(method, path, route[1], self.stream(
+                route[1], headers, scope.get("query_string", b""), receive, send, t0,
+                tenant), style, t0)
         else:
             reply = await self.respond(method, path, headers, receive, t0, tenant, route,
                                        None if self.tracer is None else self._sample(headers))
         if reply is not None:
             await reply.send(send)
+
+    def _streams(self, params: dict[str, str], headers: Headers) -> bool:
+        """A V2 infer request whose body streams in (NDJSON out), to a model serving it."""
+        if "model_name" not in params or not stream.wants_stream(headers):
+            return False
+        model = self.inference.repo.models.get(params["model_name"])
+        return model is not None and Api.STREAM in model.apis
+
+    async def stream(self, params: dict[str, str], headers: Headers, query: bytes,
+                     receive: Receive, send: Send, t0: int, tenant: Tenant) -> None:
+        """A body streamed in, records streamed out (``stream.py``)."""
+        tenant.check_model(params["model_name"])
+        model = self.inference.repo.get_ready(params["model_name"], params.get("version"))
+        ctx = scheduling.context(tenant, headers, {}, t0, model.config.default_timeout_ms)
+        await stream.relay(model.served, self.inference.limit(model), headers, query, ctx,
+                           receive, send)
+        tl = Timeline(t0)
+        tl.mark(Stage.INFER)
+        self.metrics.observe_request(model.metric_name, tl, 200)
 
     def _sample(self, headers: Headers) -> tracing.Trace | None:
         """Tracing's decision, once, as the request enters; a traced request's ``Trace``
@@ -149,8 +169,8 @@ class SokujiApp:
         route = self.route(path)
         model = self.inference.repo.models.get(route[1].get("model_name", "")) \
             if route is not None else None
-        own = model.config.max_request_bytes if model is not None else None
-        return own or self.inference.config.max_request_bytes
+        return self.inference.limit(model) if model is not None \
+            else self.inference.config.max_request_bytes
 
     def check_job(self, path: str, body: bytes, tenant: Tenant) -> None:
         """What is known before a job is accepted: its model exists and the tenant may use it.
@@ -218,7 +238,8 @@ class SokujiApp:
                 raise MethodNotAllowed(f"{method} is not allowed on {path}; use POST")
             if isinstance(tenant, SokujiError):
                 raise tenant
-            model, body, out_headers = await endpoint(params, headers, receive, tl, tenant)
+            model, body, out_headers, report = await endpoint(params, headers, receive, tl,
+                                                              tenant)
         except ClientGone:
             return None
         except Exception as exc:  # noqa: BLE001 - every error, SokujiError or a bug: one mapper
@@ -231,14 +252,18 @@ class SokujiApp:
         if self.metrics.slo is not None:
             assert isinstance(tenant, Tenant)
             self.metrics.observe_slo(params["model_name"], tenant.name, tl.total_ns / 1e6, 200)
-        steps = out_headers.get("server-timing")  # a pipeline's steps
-        out_headers["server-timing"] = tl.server_timing() if steps is None \
-            else f"{tl.server_timing()}, {steps}"
+        out_headers["server-timing"] = tl.server_timing() if not report.timing \
+            else f"{tl.server_timing()}, {timing.render(report.timing)}"
+        if report.served_by:
+            out_headers[SERVED_BY] = report.served_by
+        if report.headers:
+            out_headers.update(report.headers)
         # Published after the response is written, off the request's own latency.
-        asyncio.get_running_loop().call_soon(self.metrics.observe_request, model, tl, 200)
+        asyncio.get_running_loop().call_soon(self.metrics.observe_request,
+                                             model.metric_name, tl, 200)
         self.metrics.genai.request(_operation(style), params["model_name"], tl.total_ns)
         if trace is not None:  # (tracing: the request's spans, after the reply)
-            self._end_trace(trace, style, params, model, tl, 200, path)
+            self._end_trace(trace, style, params, model.metric_name, tl, 200, path)
         return Reply(200, body, out_headers)
 
     def _end_trace(self, trace: tracing.Trace, style: ErrorStyle, params: dict[str, str],
@@ -273,12 +298,14 @@ def create_app(config: ServerConfig, repo: ModelRepository,
     inference = Inference(config, repo, metrics, cache)
     for i, mc in enumerate(config.models):
         if mc.semantic_cache and mc.name in repo.models:
+            from sokuji.routing import semantic
+
             m = repo.models[mc.name]
-            layer = semantic.build(mc.name, mc.version, m.kind, m.metadata.platform,
-                                   dict(mc.semantic_cache), f"models[{i}].semantic_cache",
-                                   repo.models, config.cache_dir, metrics.routing)
-            if layer is not None:
-                inference.semantic[mc.name] = layer
+            layer = semantic.build(mc.name, mc.version, m.served, dict(mc.semantic_cache),
+                                   f"models[{i}].semantic_cache", repo.models,
+                                   config.cache_dir, metrics.routing)
+            if layer is not None:  # the model, its semantic cache in front
+                m.served = semantic.SemanticModel(m.served, layer)
     cp = ControlPlane(config, repo, metrics, inference.auth)
     jobs = None
     if config.jobs.enabled:

@@ -22,18 +22,19 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, ParamSpec, TypeVar
+from typing import ParamSpec, TypeVar
 
 from starlette.types import Receive, Send
 
 from sokuji.config import ServerConfig
 from sokuji.core import offload
+from sokuji.core.model import Api
 from sokuji.errors import SokujiError
 from sokuji.llm.request import Delta, Finish, GenerationHandle
 from sokuji.observability import tracing
 from sokuji.observability.metrics import Metrics
 from sokuji.repository.models import Model, ModelRepository
-from sokuji.server import llm_codec, scheduling
+from sokuji.server import apis, llm_codec, scheduling
 from sokuji.server.auth import Tenant
 from sokuji.server.failures import ErrorStyle, error_reply, to_error
 from sokuji.server.http import ClientGone, Headers, check_content_type, read_body
@@ -42,6 +43,7 @@ log = logging.getLogger(__name__)
 PATHS = {"/v1/chat/completions": True, "/v1/completions": False}
 SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"),
                (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
+SERVED_BY = "x-sokuji-served-by"
 INLINE_MAX_BYTES = 4 * 1024
 """Bodies up to this size are decoded on the event loop; larger ones in a worker thread."""
 P = ParamSpec("P")
@@ -62,8 +64,6 @@ class Generation:
         self.config = config
         self.repo = repo
         self.metrics = metrics
-        self.semantic: dict[str, Any] = {}
-        """Models with a semantic cache (``semantic.py``): the app shares its layers."""
         self.tracer: tracing.Tracer | None = None
         """Set by the app when tracing is on (``observability/tracing.py``)."""
 
@@ -80,29 +80,13 @@ class Generation:
             tenant.check_model(req.model)  # before the lookup: 403 tells nothing of others
             model = self.repo.get_ready(req.model)
             model_name = model.name
-            pipe = model.pipeline()
-            gen: GenerationHandle
-            if pipe is not None and pipe.generates:  # a pipeline whose answer is generated
-                pipe.check_admission()
-                ctx = scheduling.context(tenant, headers, {}, t0,
-                                         model.config.default_timeout_ms)
-                prepared_steps = await pipe.prepare(pipe.chat_inputs(req, req.user), ctx)
-                gen = pipe.submit_generation(prepared_steps, ctx, req)
-            else:
-                generator = model.generator()
-                layer = self.semantic.get(model.name)
-                if layer is None:  # (a semantic hit is answered even when the model is full)
-                    generator.check_admission()
-                ctx = scheduling.context(tenant, headers, {}, t0,
-                                         model.config.default_timeout_ms)
-                key = layer.generation_key(req, ctx) if layer is not None else None
-                if layer is not None and key is not None:
-                    gen = await self._semantic(layer, key, generator, req, ctx)
-                else:
-                    if layer is not None:
-                        generator.check_admission()
-                    prepared = await generator.prepare(req, ctx)
-                    gen = generator.submit(prepared, ctx)
+            if Api.GENERATE not in model.apis:
+                apis.require(model, Api.GENERATE, path)
+            served = model.served
+            served.check_admission()
+            ctx = scheduling.context(tenant, headers, {}, t0, model.config.default_timeout_ms)
+            # Api.GENERATE: the handle is a generation's stream of events.
+            gen: GenerationHandle = served.submit(await served.prepare(req, ctx), ctx)  # type: ignore[assignment]
         except ClientGone:
             return
         except Exception as exc:  # noqa: BLE001 - refused before submission: one mapper
@@ -144,38 +128,13 @@ class Generation:
         operation = "chat" if PATHS[path] else "text_completion"
         if finish is not None and (finish.error is not None or finish.reason == "cancelled"):
             status = finish.error.status if finish.error is not None else 499  # (streamed)
-        if status == 200 and gen is not None and not getattr(gen, "cached", False):
+        if status == 200 and gen is not None and not gen.report.cached:
             self.metrics.genai.generation(operation, model, gen.timing)
         if trace is not None:
             assert self.tracer is not None
             asyncio.get_running_loop().call_soon(
                 self.tracer.end_generation, trace, operation, model, req,
                 gen.timing if gen is not None else None, finish, status, path, exc)
-
-    async def _semantic(self, layer: Any, key: Any, generator: Any,
-                        req: llm_codec.CompletionRequest, ctx: Any) -> GenerationHandle:
-        """A deterministic request to a model with a semantic cache (``semantic.py``): a
-        hit answers from the cache; a miss generates and stores what it generated."""
-        from sokuji.server import semantic
-
-        hit, vector = await layer.lookup_generation(key, ctx)
-        if hit is not None:
-            text, reason, tokens = hit.value
-
-            async def fresh() -> str:
-                c = semantic.prioritised(ctx)
-                g = generator.submit(await generator.prepare(req, c), c)
-                out = await g.result()
-                return str(getattr(out, "text", out))
-
-            layer.audit_generation(fresh, text)
-            return semantic.CachedGeneration(text, reason, tokens, ctx.arrival_ns,
-                                             hit.similarity)
-        generator.check_admission()
-        gen = generator.submit(await generator.prepare(req, ctx), ctx)
-        return semantic.StoringGeneration(
-            gen, lambda text, reason, n: layer.store_generation(key, vector,
-                                                                (text, reason, n)))
 
     async def _error(self, send: Send, exc: SokujiError, model: str) -> None:
         if model:
@@ -197,15 +156,12 @@ class Generation:
         the stream had begun)."""
         enc = llm_codec.Encoder(req, model.name, gen.timing)
         first = await gen.next_events()
-        extra = getattr(gen, "extra", None)  # a pipeline's extra outputs: its sources
-        if extra:
-            enc.extra = {"sources": extra}
-        run = getattr(gen, "run", None)  # a pipeline's steps so far: when each ran
-        steps = [(b"x-sokuji-pipeline-steps", run.steps_header().encode("latin-1"))] \
-            if run is not None else []
-        served_by = getattr(gen, "served_by", None)  # a router's: the target that answers
-        if served_by:
-            steps.append((b"x-sokuji-served-by", served_by.encode("latin-1")))
+        report = gen.report  # known once the first events came
+        if report.outputs:  # extra outputs (a pipeline's steps): the answer's sources
+            enc.extra = {"sources": dict(report.outputs)}
+        steps = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in report.headers.items()]
+        if report.served_by:
+            steps.append((SERVED_BY.encode("latin-1"), report.served_by.encode("latin-1")))
         if isinstance(first[0], Finish):
             failure = first[0].error
             if failure is not None or first[0].reason == "cancelled":
@@ -284,7 +240,7 @@ class Generation:
         an error reply (``error_reply``), which ``_error`` counts."""
         status = event.error.status if event.error is not None \
             else 499 if event.reason == "cancelled" else 200
-        if getattr(gen, "cached", False):  # a semantic hit: nothing was generated
+        if gen.report.cached:  # a semantic hit: nothing was generated
             if not error_reply:
                 self.metrics.requests.labels(model, str(status)).inc()
             return

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from sokuji.config import ModelConfig, ServerConfig
+from sokuji.core.model import Api
 from sokuji.kinds.kind import BuildEnv, Built, Kind
 from sokuji.models.encoder import EncoderModel
 
@@ -29,8 +30,9 @@ class ClassifierKind(Kind):
         runtime.load()
         if model.warmup:
             runtime.warmup()
+        # Scores, not embeddings: V2 infer only.
         return Built(EncoderModel.over(runtime, model, env.server.slos, model.name,
-                                       env.on_batch))
+                                       env.on_batch, apis=frozenset({Api.INFER})))
 
 
 KIND = ClassifierKind()
