@@ -30,7 +30,6 @@ from sokuji.errors import (
     ConfigError,
     InvalidInput,
     MethodNotAllowed,
-    ModelNotFound,
     SokujiError,
 )
 from sokuji.observability import tracing
@@ -38,6 +37,7 @@ from sokuji.observability.metrics import Metrics
 from sokuji.observability.observers import Observers
 from sokuji.repository.models import ModelRepository
 from sokuji.server import backends, llm_api, scheduling, stream, v2
+from sokuji.server.accounting import Accounting
 from sokuji.server.auth import Tenant
 from sokuji.server.control import ControlPlane
 from sokuji.server.failures import ErrorStyle, error_reply, to_error
@@ -67,10 +67,12 @@ class SokujiApp:
                  jobs: JobService | None = None, tracer: tracing.Tracer | None = None) -> None:
         self.inference = inference
         self.auth = inference.auth
-        self.generation = llm_api.Generation(inference.config, inference.repo,
-                                             inference.metrics)
-        self.tracer = self.generation.tracer = tracer
+        self.tracer = tracer
         """Traces (``observability/tracing.py``); None when off: every hook is one test."""
+        self.accounting = Accounting(inference.repo, inference.metrics, tracer)
+        """Where every request's end is counted (``accounting.py``)."""
+        self.generation = llm_api.Generation(inference.config, inference.repo,
+                                             self.accounting)
         self.control_plane = control_plane
         self.control: ControlPlane | None = None
         """The control plane's handlers (set by ``create_app``)."""
@@ -111,9 +113,10 @@ class SokujiApp:
                                        allow=(allowed,))
             tenant = self.auth.authenticate(headers)
         except SokujiError as exc:
+            error = to_error(exc, method, path)
             if route is not None:
-                self._failed(route[1], exc, t0)
-            await error_reply(to_error(exc, method, path), style).send(send)
+                self._failed(route[1], error, t0)
+            await error_reply(error, style).send(send)
             return
         if generation:
             await self.generation(path, headers, receive, send, t0, tenant,
@@ -151,9 +154,7 @@ class SokujiApp:
         ctx = scheduling.context(tenant, headers, {}, t0, model.config.default_timeout_ms)
         await stream.relay(model.served, self.inference.limit(model), headers, query, ctx,
                            receive, send)
-        tl = Timeline(t0)
-        tl.mark(Stage.INFER)
-        self.metrics.observe_request(model.metric_name, tl, 200)
+        self.accounting.streamed(model, t0)
 
     def _sample(self, headers: Headers) -> tracing.Trace | None:
         """Tracing's decision, once, as the request enters; a traced request's ``Trace``
@@ -199,27 +200,11 @@ class SokujiApp:
             return None
         except Exception as exc:  # noqa: BLE001 - every error, SokujiError or a bug: one mapper
             error = to_error(exc, method, path)
-            self._failed(params, exc, t0)
+            self._failed(params, error, t0)
             return error_reply(error, style)
 
-    def _failed(self, params: dict[str, str], exc: Exception, t0: int | None,
-                tenant: Tenant | SokujiError | None = None) -> None:
-        """Count a failed request against its model's metrics, statistics and SLOs, if
-        known."""
-        name = params.get("model_name", "")
-        if name not in self.inference.repo.models:
-            return
-        if isinstance(exc, SokujiError):
-            self.metrics.requests.labels(name, str(exc.status)).inc()
-        if self.metrics.slo is not None and isinstance(tenant, Tenant):
-            status = exc.status if isinstance(exc, SokujiError) else 500
-            self.metrics.observe_slo(name, tenant.name, None, status)
-        try:
-            model = self.inference.repo.get(name, params.get("version"))
-        except ModelNotFound:  # an unknown version: no statistics to count it in
-            return
-        elapsed_ns = time.perf_counter_ns() - t0 if t0 is not None else 0
-        self.metrics.observe_failure(model.metric_name, elapsed_ns)
+    def _failed(self, params: dict[str, str], error: SokujiError, t0: int | None) -> None:
+        self.accounting.failed(params.get("model_name", ""), params.get("version"), error, t0)
 
     async def respond(self, method: str, path: str, headers: Headers, receive: Receive,
                       t0: int, tenant: Tenant | SokujiError,
@@ -244,36 +229,21 @@ class SokujiApp:
             return None
         except Exception as exc:  # noqa: BLE001 - every error, SokujiError or a bug: one mapper
             error = to_error(exc, method, path)
-            self._failed(params, exc, t0, tenant)
-            if trace is not None:  # (tracing: the spans of a failed request)
-                self._end_trace(trace, style, params, "", tl, error.status, path, exc)
+            self.accounting.failed(params.get("model_name", ""), params.get("version"), error,
+                                   t0, tenant.name if isinstance(tenant, Tenant) else None,
+                                   trace, _operation(style), tl, path, exc)
             return error_reply(error, style)
         tl.mark(Stage.ENCODE)
-        if self.metrics.slo is not None:
-            assert isinstance(tenant, Tenant)
-            self.metrics.observe_slo(params["model_name"], tenant.name, tl.total_ns / 1e6, 200)
         out_headers["server-timing"] = tl.server_timing() if not report.timing \
             else f"{tl.server_timing()}, {timing.render(report.timing)}"
         if report.served_by:
             out_headers[SERVED_BY] = report.served_by
         if report.headers:
             out_headers.update(report.headers)
-        # Published after the response is written, off the request's own latency.
-        asyncio.get_running_loop().call_soon(self.metrics.observe_request,
-                                             model.metric_name, tl, 200)
-        self.metrics.genai.request(_operation(style), params["model_name"], tl.total_ns)
-        if trace is not None:  # (tracing: the request's spans, after the reply)
-            self._end_trace(trace, style, params, model.metric_name, tl, 200, path)
+        assert isinstance(tenant, Tenant)
+        self.accounting.answered(model, tenant.name, tl, _operation(style),
+                                 params["model_name"], path, trace)
         return Reply(200, body, out_headers)
-
-    def _end_trace(self, trace: tracing.Trace, style: ErrorStyle, params: dict[str, str],
-                   model: str, tl: Timeline, status: int, path: str,
-                   exc: Exception | None = None) -> None:
-        """A traced request's spans, made once the reply is out (``tracing_spans.py``)."""
-        assert self.tracer is not None
-        asyncio.get_running_loop().call_soon(
-            self.tracer.end_request, trace, _operation(style), params.get("model_name", ""),
-            model, tl, status, path, exc)
 
 
 def _operation(style: ErrorStyle) -> str:
