@@ -264,6 +264,7 @@ class RemoteGenerator(GeneratorModel):
                timing: Timing | None = None) -> RemoteGeneration:  # (the same handle contract)
         if not self.started:
             raise errors.ModelNotReady(f"model '{self.name}' is not ready")
+        self.check_admission()  # (its own bound, atomically with counting it in flight)
         return RemoteGeneration(self, prepared, getattr(prepared, "session", None), ctx,
                                 timing)
 
