@@ -2,15 +2,20 @@
 they exchange. Pure: no HTTP, no runtime imports.
 
 A served model is called the same way whatever it is (an encoder over a batcher, a
-generator over the continuous-batching engine; later a pipeline, a router or an upstream
-server)::
+generator over the continuous-batching engine, a pipeline, a router, an upstream server)::
 
-    model.check_admission()                  # 429 before the body is even read
+    model.check_admission()                  # 429 before the body is even read (the edge:
+                                             # once per request)
     prepared = await model.prepare(inputs, ctx)   # model-specific: tokenise, template, limits
     handle = model.submit(prepared, ctx)     # admission + deadline check, then queued
     output = await handle.result()           # the whole output ...
     async for event in handle.events(): ...  # ... or a stream of events
+    handle.report                            # how it was served (``Report``)
     handle.cancel()                          # the caller went away
+
+What it answers is its ``apis`` (``Api``), never what it is: the HTTP layer routes by them,
+and each protocol's adapters are the model's (V2 tensors: ``from_tensors`` / ``to_tensors``,
+``core/tensor.py``; a stream: ``open_stream``).
 
 ``prepare`` raises ``InvalidInput`` (400, naming the field) for what the model cannot take;
 ``submit`` raises ``Overloaded`` (429) or ``DeadlineExceeded`` (504) under the scheduling

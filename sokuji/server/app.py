@@ -1,10 +1,13 @@
 """The ASGI application: a direct path for inference, Starlette for the control plane.
 
 Inference (``POST /v2/models/{name}[/versions/{v}]/infer`` and ``POST /v1/embeddings``) is
-served by a plain ASGI handler: body read (bounded) -> codec decode -> the model's
-``prepare`` (tokenise) -> ``submit`` (admission, queue, batcher) -> ``run_batch`` in a worker
-thread -> codec encode -> response with ``Server-Timing``. Generations
-(``/v1/chat/completions``, ``/v1/completions``) go to ``llm_api``. Every such request is
+served by a plain ASGI handler (``inference.py``), the same way for every model that serves
+the route: body read (bounded) -> codec decode -> the model's ``prepare`` (tokenise) ->
+``submit`` (admission, queue, batcher) -> ``run_batch`` in a worker thread -> codec encode
+-> response with ``Server-Timing`` and what the handle's report adds. Generations
+(``/v1/chat/completions``, ``/v1/completions``) go to ``llm_api``; a body streamed in to a
+model serving ``Api.STREAM`` to ``stream.py``. A request's end is counted in
+``accounting.py``. Every such request is
 authenticated once, here, after its method is checked; the tenant then travels in the
 request's ``RequestContext``. Starlette's middleware and router cost ~50-80 us a request on
 this path, as much as everything else Sokuji does, so only the control plane (health,
