@@ -108,7 +108,8 @@ def _decode_plain(body: bytes, meta: ModelMetadata) -> InferRequest | None:
     n = len(texts)
     if spec is None or spec.datatype != BYTES or tensor.datatype != BYTES \
             or spec.shape != (-1,) or (shape != [n] and shape != [n, 1]) \
-            or any(s is not spec and not s.optional for s in meta.inputs) \
+            or (len(meta.inputs) > 1
+                and any(s is not spec and not s.optional for s in meta.inputs)) \
             or (tensor.parameters and "binary_data_size" in tensor.parameters):
         return None
     parameters = doc.parameters if doc.parameters is not None else {}
