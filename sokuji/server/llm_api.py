@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
-from typing import ParamSpec, TypeVar
+from typing import ParamSpec, TypeVar, cast
 
 from starlette.types import Receive, Send
 
@@ -84,8 +84,9 @@ class Generation:
             served = model.served
             served.check_admission()
             ctx = scheduling.context(tenant, headers, {}, t0, model.config.default_timeout_ms)
+            prepared = await served.prepare(req, ctx)
             # Api.GENERATE: the handle is a generation's stream of events.
-            gen: GenerationHandle = served.submit(await served.prepare(req, ctx), ctx)  # type: ignore[assignment]
+            gen = cast("GenerationHandle", served.submit(prepared, ctx))
         except ClientGone:
             return
         except Exception as exc:  # noqa: BLE001 - refused before submission: one mapper

@@ -5,11 +5,13 @@ the synthetic model and Python steps defined here."""
 from __future__ import annotations
 
 import asyncio
+import os
 import tempfile
 import time
 from collections.abc import Iterator
 from typing import Any, ClassVar
 
+import msgspec
 import pytest
 from starlette.testclient import TestClient
 
@@ -352,3 +354,24 @@ async def test_feature_ids_are_namespaced_by_tenant_when_keys_exist() -> None:
     assert store.asked == ["acme:ada", "globex:ada", "globex:acme:ada", "ada"]
     with pytest.raises(InvalidInput):
         await step({"entity_id": "x" * 257}, ctx("acme"), None)
+
+
+@pytest.mark.skipif(not os.environ.get("SOKUJI_TEST_REDIS_URL"),
+                    reason="SOKUJI_TEST_REDIS_URL not set")
+def test_whole_answers_are_cached_in_redis_too() -> None:
+    """A pipeline's packed output tensors round-trip through the Redis backend."""
+    Meeting.arrived = {}
+    CALLS.clear()
+    url = os.environ["SOKUJI_TEST_REDIS_URL"]
+    config = cfg.validate(msgspec.structs.replace(
+        server(PipelineConfig(name="diamond", steps=DIAMOND, extra_outputs=("right",)),
+               cache=True),
+        cache=cfg.CacheConfig(backend="redis", redis_url=url)))
+    question = f"redis {time.time_ns()}?"
+    with client_for(config) as c:
+        first = infer(c, "diamond", question)
+        Meeting.arrived = {}
+        second = infer(c, "diamond", question)
+    assert first.status_code == second.status_code == 200, first.text
+    assert first.json()["outputs"] == second.json()["outputs"]
+    assert CALLS["join"] == 1 and 'desc="hit"' in second.headers["server-timing"]
