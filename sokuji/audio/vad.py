@@ -81,9 +81,10 @@ class VadEngine:
 
     input_name = "audio"
     stage_names = ("audio-decode", "resample", "infer-wait", "infer", "segments")
+    streams = True
     metadata = ModelMetadata(
         platform="onnxruntime_onnx",
-        inputs=(TensorSpec("audio", "BYTES", (-1,)),),
+        inputs=(TensorSpec("audio", "BYTES", (-1,), media_types=audio.MEDIA_TYPES),),
         outputs=(TensorSpec("segments", "FP32", (-1, 2)),
                  TensorSpec("segments_samples", "INT64", (-1, 2)),
                  TensorSpec("audio_index", "INT32", (-1,)),
@@ -171,6 +172,12 @@ class VadEngine:
         if not self._sessions:
             raise ModelNotReady(f"model '{self.name}' is not loaded")
         return self._sessions[0]
+
+    def open_stream(self, content_type: str, params: Mapping[str, str]) -> Any:
+        """A WAV streamed in, its segments out as they are final (``vad_stream.py``)."""
+        from sokuji.audio.vad_stream import VadRecords
+
+        return VadRecords(self, content_type, params)
 
     @property
     def num_queued(self) -> int:

@@ -176,3 +176,56 @@ class VadStream:
                         "start_sample": mine["start"], "end_sample": mine["end"]})
             self._emitted += 1
         return out
+
+
+WAV_TYPES = frozenset({"audio/wav", "audio/x-wav", "audio/wave", "audio/vnd.wave",
+                       "application/octet-stream"})
+"""What may be streamed: a WAV (FLAC only as one body: see above)."""
+
+
+class VadRecords:
+    """A streamed WAV as ``Api.STREAM`` records (``core.model.RecordStream``): its segments,
+    then a last line ``{"done": true, "duration_s", "segments", "timing_ms"}``. Ready (the
+    status may be sent) once the WAV header has arrived and passed its checks."""
+
+    def __init__(self, engine: Any, content_type: str, query: Mapping[str, str]) -> None:
+        base = content_type.split(";", 1)[0].strip().lower()
+        if base not in WAV_TYPES:
+            raise UnsupportedMediaType(f"Content-Type {base or None!r} cannot be streamed; "
+                                       "send a WAV (audio/wav) in chunks, or a FLAC as one "
+                                       "body")
+        self.stream = VadStream(engine, _numbers(query))
+
+    @property
+    def ready(self) -> bool:
+        return self.stream.decoder.info is not None
+
+    def feed(self, chunk: bytes) -> list[dict[str, Any]]:
+        return self.stream.feed(chunk)
+
+    def finish(self) -> list[dict[str, Any]]:
+        segments = self.stream.finish()
+        if not self.ready:  # a body shorter than a WAV header: ``finish`` raised already
+            raise InvalidInput("the body ended before a WAV header")
+        return segments
+
+    def end(self, records: int, total_ms: float, work_ms: float) -> dict[str, Any]:
+        return {"done": True, "duration_s": self.stream.samples_16k / RATE_HZ,
+                "segments": records,
+                "timing_ms": {"total": total_ms, "decode+resample+infer": work_ms}}
+
+    def close(self) -> None:
+        pass
+
+
+def _numbers(query: Mapping[str, str]) -> dict[str, Any]:
+    """The request's parameters from its query string (``?threshold=0.6``): numbers,
+    checked like the V2 parameters (400 naming the key)."""
+    out: dict[str, Any] = {}
+    for key, value in query.items():
+        try:
+            out[key] = float(value)
+        except ValueError:
+            raise InvalidInput(f"query parameter '{key}' must be a number, got {value!r}",
+                               param=key) from None
+    return out

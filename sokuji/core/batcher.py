@@ -34,6 +34,7 @@ from sokuji.core import forming, policy
 from sokuji.core.batcher_config import BatcherConfig
 from sokuji.core.forming import BatchInfo
 from sokuji.core.inline import LoopGate
+from sokuji.core.model import NOTHING, Report
 from sokuji.core.request import InferenceRequest, Prepared, Stage
 from sokuji.core.slo_admission import TimeAdmission
 from sokuji.core.workers import Workers
@@ -76,6 +77,12 @@ class _Entry:
 
     async def events(self) -> AsyncIterator[Any]:
         yield await self.result()
+
+    @property
+    def report(self) -> Report:
+        """Its input tokens (built when asked: most requests never ask)."""
+        tokens = self.request.num_tokens
+        return Report(input_tokens=tokens) if tokens else NOTHING
 
     def cancel(self) -> None:
         """Leave the queue if still in it, so ``result()`` raises ``CancelledError`` (a batch

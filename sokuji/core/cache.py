@@ -58,7 +58,8 @@ class Entry:
     @classmethod
     def from_bytes(cls, raw: bytes) -> Entry:
         (n,) = struct.unpack_from("<H", raw)
-        dtype, shape, tokens = raw[2:2 + n].decode().split("|")
+        # From the right: a dtype's own string may hold the separator ("|u1": bytes).
+        dtype, shape, tokens = raw[2:2 + n].decode().rsplit("|", 2)
         dims = tuple(int(d) for d in shape.split(",") if d)
         output = np.frombuffer(raw[2 + n:], dtype=np.dtype(dtype)).reshape(dims)
         return cls(output, int(tokens))

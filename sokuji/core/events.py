@@ -14,6 +14,7 @@ from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from sokuji.core.model import NOTHING, Report
 from sokuji.errors import SokujiError
 
 
@@ -46,7 +47,12 @@ class Generated:
 
 
 class EventStream:
-    """``events()`` and ``result()`` over a handle's ``next_events()``."""
+    """``events()`` and ``result()`` over a handle's ``next_events()``; its ``report``
+    (``core.model.Report``) says nothing unless the handle has more to say."""
+
+    @property
+    def report(self) -> Report:
+        return NOTHING
 
     async def next_events(self) -> list[Event]:
         """Wait for, and take, the events delivered so far (at least one)."""

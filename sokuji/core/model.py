@@ -2,15 +2,20 @@
 they exchange. Pure: no HTTP, no runtime imports.
 
 A served model is called the same way whatever it is (an encoder over a batcher, a
-generator over the continuous-batching engine; later a pipeline, a router or an upstream
-server)::
+generator over the continuous-batching engine, a pipeline, a router, an upstream server)::
 
-    model.check_admission()                  # 429 before the body is even read
+    model.check_admission()                  # 429 before the body is even read (the edge:
+                                             # once per request)
     prepared = await model.prepare(inputs, ctx)   # model-specific: tokenise, template, limits
     handle = model.submit(prepared, ctx)     # admission + deadline check, then queued
     output = await handle.result()           # the whole output ...
     async for event in handle.events(): ...  # ... or a stream of events
+    handle.report                            # how it was served (``Report``)
     handle.cancel()                          # the caller went away
+
+What it answers is its ``apis`` (``Api``), never what it is: the HTTP layer routes by them,
+and each protocol's adapters are the model's (V2 tensors: ``from_tensors`` / ``to_tensors``,
+``core/tensor.py``; a stream: ``open_stream``).
 
 ``prepare`` raises ``InvalidInput`` (400, naming the field) for what the model cannot take;
 ``submit`` raises ``Overloaded`` (429) or ``DeadlineExceeded`` (504) under the scheduling
@@ -21,27 +26,38 @@ be matched. Codecs only translate protocols to and from these calls.
 from __future__ import annotations
 
 import enum
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol
 
+from sokuji.core import timing as timing_
 from sokuji.core.request import Priority
 from sokuji.core.trace import TRACEPARENT, Hop, header, new_span_id
 
 if TYPE_CHECKING:
     from sokuji.core.request import Timeline
+    from sokuji.core.tensor import InferRequest, Tensor
 
 
-class ModelKind(enum.StrEnum):
-    ENCODER = "encoder"
-    """Items in -> one output row per item (embeddings); inputs: a list of texts."""
-    GENERATOR = "generator"
-    """A prompt in -> a stream of text deltas, then a finish; inputs: ``GenerationInput``."""
-    PIPELINE = "pipeline"
-    """Steps over other models (``sokuji/pipelines``); inputs: a mapping of named inputs."""
-    MEDIA = "media"
-    """Encoded files in (images, audio) -> structured outputs (``sokuji/media``): OCR lines,
-    speech segments."""
+_EMPTY: Mapping[str, Any] = MappingProxyType({})
+
+
+class Api(enum.StrEnum):
+    """What a served model answers: the HTTP layer routes by these, never by what a model
+    is. A route a model does not serve is a 400 naming the routes it does."""
+
+    INFER = "infer"
+    """KServe V2 infer: named tensors in, named tensors out (``from_tensors`` /
+    ``to_tensors`` adapt them to ``prepare`` and from ``result()``)."""
+    EMBED = "embed"
+    """OpenAI embeddings: texts in (``prepare`` takes a list of str), one vector per text
+    out (``result()``: a float matrix, a row per text)."""
+    GENERATE = "generate"
+    """OpenAI chat / completions: ``prepare`` takes a ``GenerationInput``; the handle is a
+    stream of ``Delta`` then one ``Finish`` (``core/events.py``) with a ``timing``."""
+    STREAM = "stream"
+    """A body streamed in, records streamed out as they are known (``open_stream``)."""
 
 
 @dataclass(frozen=True)
@@ -51,6 +67,47 @@ class TensorSpec:
     """KServe V2 datatype: BYTES, FP32, INT64, ..."""
     shape: tuple[int, ...]
     """-1 marks a variable dimension."""
+    media_types: tuple[str, ...] = ()
+    """A BYTES input of encoded files: the media types (``image/png``, ...) it takes as a
+    plain upload, the file itself as the request body (or one multipart file)."""
+    optional: bool = False
+    """A request may leave this input out."""
+
+
+class Report:
+    """What a handle says about how its request was served, beyond its output; the HTTP
+    layer reads it as it is (every field optional). Read-only by contract (a plain class:
+    built on the hot path, and a frozen dataclass costs several times more to build).
+    Handles that have nothing to say share ``NOTHING``."""
+
+    __slots__ = ("cached", "headers", "input_tokens", "outputs", "served_by", "timing")
+
+    def __init__(self, served_by: str = "", timing: Sequence[timing_.Entry] = (),
+                 headers: Mapping[str, str] = _EMPTY, cached: bool = False,
+                 outputs: Mapping[str, Any] = _EMPTY, input_tokens: int = 0) -> None:
+        self.served_by = served_by
+        """Who answered (a router's target, an LLM replica, ``cache``):
+        ``X-Sokuji-Served-By``."""
+        self.timing = timing
+        """``Server-Timing`` entries after the request's own stages (a route, a pipeline's
+        steps, a media engine's stages)."""
+        self.headers = headers
+        """More response headers (lower-case names), e.g. ``x-sokuji-pipeline-steps``."""
+        self.cached = cached
+        """Nothing was computed for it (a response- or semantic-cache hit)."""
+        self.outputs = outputs
+        """Extra outputs beside the result, by name (a pipeline's extra steps: its
+        sources)."""
+        self.input_tokens = input_tokens
+        """Input tokens the model read (an encoder's unpadded count: OpenAI usage)."""
+
+    def __repr__(self) -> str:
+        fields = {k: getattr(self, k) for k in self.__slots__}
+        return f"Report({', '.join(f'{k}={v!r}' for k, v in fields.items() if v)})"
+
+
+NOTHING = Report()
+"""The report of a handle with nothing to say."""
 
 
 @dataclass(frozen=True)
@@ -156,13 +213,51 @@ class Submission(Protocol):
     def cancel(self) -> None:
         """Stop working for it (a no-op once it finished)."""
 
+    @property
+    def report(self) -> Report:
+        """How it was served (``Report``), read once ``result()`` returned (a generation:
+        once its first events came); ``NOTHING`` when there is nothing to say."""
+
+
+class RecordStream(Protocol):
+    """One request of ``Api.STREAM``: a body fed chunk by chunk (in the preparation pool,
+    one chunk at a time), records out as soon as they are known."""
+
+    @property
+    def ready(self) -> bool:
+        """The body's head has arrived and passed its checks: the status can be sent."""
+
+    def feed(self, chunk: bytes) -> list[dict[str, Any]]:
+        """The records this chunk completes (``SokujiError`` if the body is wrong)."""
+
+    def finish(self) -> list[dict[str, Any]]:
+        """The body ended: the last records (``SokujiError`` if it ended too soon)."""
+
+    def end(self, records: int, total_ms: float, work_ms: float) -> dict[str, Any]:
+        """The stream's last record (``records`` written, its time, the time fed chunks
+        took)."""
+
+    def close(self) -> None:
+        """No longer in flight (called once, whatever happened)."""
+
 
 class ServedModel(Protocol):
+    """What every served model is. ``apis`` says which protocols it answers; the adapters
+    of a protocol (``from_tensors`` / ``to_tensors`` for ``Api.INFER``, ``open_stream`` for
+    ``Api.STREAM``) are its to implement, the rest of its way (admission, prepare, submit)
+    is the same verbs for every protocol."""
+
     @property
     def name(self) -> str: ...
 
     @property
-    def kind(self) -> ModelKind: ...
+    def apis(self) -> frozenset[Api]:
+        """The protocols it answers (``Api``)."""
+
+    @property
+    def batches(self) -> bool:
+        """Its requests are batched along their first dimension (Triton's
+        ``max_batch_size`` > 0 and a ``dynamic_batching`` section)."""
 
     @property
     def metadata(self) -> ModelMetadata: ...
@@ -208,11 +303,54 @@ class ServedModel(Protocol):
         """Free the weights (after ``stop``)."""
 
 
+    # -- Api.INFER: tensors in, tensors out ------------------------------------------------
+    def from_tensors(self, request: InferRequest) -> Any:
+        """A V2 request (decoded and checked against ``metadata`` by the codec) as what
+        ``prepare`` takes; ``InvalidInput`` for what only the model can judge (an element
+        that is not UTF-8 text, too many items). Pure: it may run in a worker thread."""
+
+    def to_tensors(self, result: Any, report: Report) -> list[Tensor]:
+        """The handle's ``result()`` (and its report's extra outputs) as output tensors,
+        named as ``metadata.outputs``."""
+
+    def identity(self, inputs: Any) -> Sequence[str] | None:
+        """What identifies ``inputs`` (what ``prepare`` takes) for the response cache; None:
+        never cached. Two inputs with the same identity must get the same answer."""
+
+    def to_plain(self, result: Any) -> dict[str, Any]:
+        """The answer to a plain upload (its one input's file as the body) as plain JSON."""
+
+    # -- Api.STREAM -------------------------------------------------------------------------
+    def open_stream(self, content_type: str, params: Mapping[str, str],
+                    ctx: RequestContext) -> RecordStream:
+        """Admit one streamed request (``Overloaded``), its content type and parameters
+        checked (4xx)."""
+
+
 class ModelBase:
     """Defaults for the contract's optional verbs: a kind's served model may inherit them."""
+
+    batches = False
 
     def attach(self, observers: Any) -> None:
         """Nothing to report beyond the Timeline."""
 
     def neighbours(self, busy: Callable[[], bool]) -> None:
         """Nothing runs on the event loop."""
+
+    def identity(self, inputs: Any) -> Sequence[str] | None:
+        """Not cached."""
+        return None
+
+    def from_tensors(self, request: InferRequest) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} does not serve V2 infer")
+
+    def to_tensors(self, result: Any, report: Report) -> list[Tensor]:
+        raise NotImplementedError(f"{type(self).__name__} does not serve V2 infer")
+
+    def to_plain(self, result: Any) -> dict[str, Any]:
+        raise NotImplementedError(f"{type(self).__name__} takes no plain uploads")
+
+    def open_stream(self, content_type: str, params: Mapping[str, str],
+                    ctx: RequestContext) -> RecordStream:
+        raise NotImplementedError(f"{type(self).__name__} does not stream")

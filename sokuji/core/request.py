@@ -119,6 +119,8 @@ class InferenceRequest:
     """Absolute ``perf_counter_ns`` by which the request must have started, or None."""
     enqueued_ns: int = 0
     tenant: str = ""
+    num_tokens: int = 0
+    """Its unpadded input tokens (the handle's report: OpenAI usage)."""
     due_ns: int | None = None
     """With an SLO: by when it should be answered (``core/slo_admission.py``)."""
     predicted_s: float = 0.0

@@ -19,10 +19,10 @@ from typing import Any
 from sokuji.config import ModelConfig
 from sokuji.core import offload
 from sokuji.core.model import (
+    Api,
     Capacity,
     GenerationInput,
     ModelBase,
-    ModelKind,
     ModelMetadata,
     RequestContext,
 )
@@ -56,8 +56,11 @@ def _size(inputs: GenerationInput) -> int:
     return len(inputs.prompt) if inputs.prompt is not None else 0
 
 
+GENERATES = frozenset({Api.GENERATE})
+
+
 class GeneratorModel(ModelBase):
-    kind = ModelKind.GENERATOR
+    apis = GENERATES
 
     def __init__(self, config: ModelConfig, runtime: LlamaRuntime) -> None:
         self.config = config

@@ -13,6 +13,7 @@ from typing import Protocol
 
 from sokuji.core import timing
 from sokuji.core.events import Delta, Event, EventQueue, Finish
+from sokuji.core.model import Report
 from sokuji.core.request import Priority
 
 # Delta and Finish live with the event stream (core/events.py); named here too for the
@@ -137,11 +138,16 @@ class GenerationRequest(EventQueue):
 
 
 class GenerationHandle(Protocol):
-    """What the OpenAI endpoints read of a generation: a ``GenerationRequest``, or a
-    pipeline whose answer is one (``pipelines/model.py``)."""
+    """What the OpenAI endpoints read of a generation (``Api.GENERATE``): a
+    ``GenerationRequest``, or any handle that streams like one (a router's, a pipeline's, an
+    upstream's, a semantic-cache hit)."""
 
     @property
     def timing(self) -> Timing: ...
+
+    @property
+    def report(self) -> Report:
+        """Read once the first events came (``core.model.Report``)."""
 
     async def next_events(self) -> list[Event]: ...
 

@@ -33,6 +33,9 @@ from sokuji.errors import InvalidInput, PayloadTooLarge, UnsupportedMediaType
 
 MAX_WAV_HEADER_BYTES = 1 << 20
 """Chunks before ``data`` beyond this are refused (400): a header is a few hundred bytes."""
+MEDIA_TYPES = ("audio/wav", "audio/x-wav", "audio/wave", "audio/vnd.wave", "audio/flac",
+               "audio/x-flac", "application/octet-stream")
+"""What audio may be uploaded as (the file itself as the body; the header decides)."""
 NOT_WAV_OR_FLAC = "not WAV or FLAC (send audio/wav or audio/flac)"
 UNKNOWN_SIZE = 0xFFFFFFFF
 """A ``data`` size written by a streaming encoder that could not seek back: read what is

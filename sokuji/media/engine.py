@@ -33,7 +33,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from sokuji.core.model import ModelMetadata
+from sokuji.core.model import ModelMetadata, RecordStream
 from sokuji.core.request import Priority
 
 
@@ -110,6 +110,14 @@ class MediaEngine(Protocol):
     def stage_names(self) -> tuple[str, ...]:
         """Every stage the engine records, in pipeline order (Server-Timing and metrics)."""
 
+    @property
+    def streams(self) -> bool:
+        """It takes a file streamed in (``open_stream``: the model serves ``Api.STREAM``)."""
+
+    def open_stream(self, content_type: str, params: Mapping[str, str]) -> RecordStream:
+        """A file streamed in, its records out as they are final (``streams`` only); 4xx
+        for a content type or parameters it cannot take."""
+
     def load(self) -> None:
         """Create the ONNX sessions (blocking)."""
 
@@ -135,7 +143,7 @@ class MediaEngine(Protocol):
         str (BYTES)."""
 
     def plain(self, result: Any) -> dict[str, Any]:
-        """One file's result as plain JSON (the raw-file route)."""
+        """One file's result as plain JSON (a plain upload's answer)."""
 
     @property
     def num_queued(self) -> int:

@@ -38,6 +38,8 @@ if TYPE_CHECKING:
     from PIL import Image
 
 FORMATS = ("PNG", "JPEG", "WEBP")
+MEDIA_TYPES = ("image/png", "image/jpeg", "image/webp", "application/octet-stream")
+"""What an image may be uploaded as (the file itself as the body; the header decides)."""
 _UNSUPPORTED = "unsupported image format; send PNG, JPEG or WebP"
 
 

@@ -8,6 +8,11 @@
   from ``core/policy.py``; then one ``MediaJob`` per file to the engine, whose own threads
   run the stages (batching across requests where that is exact). The engine calls ``done``
   from its thread; one ``call_soon_threadsafe`` hands the result to the loop.
+- V2 (``from_tensors``): the files are the one BYTES input's elements, raw (the binary
+  extension, a plain upload) or base64 (JSON: ``parameters.content_type`` may say
+  ``"base64"``, nothing else); the outputs are the engine's tensors; a plain upload is
+  answered with the engine's plain JSON. A file's SHA-256 and the parameters identify an
+  answer in the response cache.
 - The request's Timeline: ``preprocess`` is the preparation pool's work (the engine's
   ``image-decode`` + ``resize`` or ``audio-decode`` + ``resample`` and the hand-off),
   ``queue`` lasts until the engine's first stage starts on any of the request's files,
@@ -18,19 +23,33 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
+import hashlib
 import re
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from sokuji.config import ModelConfig
 from sokuji.core import offload, timing
-from sokuji.core.model import Capacity, ModelBase, ModelKind, ModelMetadata, RequestContext
+from sokuji.core.model import (
+    Api,
+    Capacity,
+    ModelBase,
+    ModelMetadata,
+    RecordStream,
+    Report,
+    RequestContext,
+)
 from sokuji.core.policy import Admission, DrainRate, check_deadline
 from sokuji.core.request import Stage, Timeline
-from sokuji.errors import ModelNotReady, RuntimeFailed, SokujiError
+from sokuji.core.tensor import InferRequest, Tensor
+from sokuji.errors import InvalidInput, ModelNotReady, RuntimeFailed, SokujiError, TooManyItems
 from sokuji.media.engine import MediaEngine, MediaJob, StageClock
 
 PREP_STAGES = frozenset({"image-decode", "resize", "audio-decode", "resample"})
@@ -60,6 +79,10 @@ class MediaSubmission:
         except BaseException:
             self.cancel()
             raise
+        finally:
+            observe = self.model.on_stages
+            if observe is not None:  # off the response's own latency
+                asyncio.get_running_loop().call_soon(observe, self.model.name, self.jobs)
         tl = self.timeline
         if tl is not None:
             starts = [s for s in (_first_run(j) for j in self.jobs) if s is not None]
@@ -72,6 +95,11 @@ class MediaSubmission:
 
     def events(self) -> Any:
         raise NotImplementedError("a media model answers whole results")
+
+    @property
+    def report(self) -> Report:
+        """The engine's stages (``stage_entries``) after the request's own."""
+        return Report(timing=tuple(self.stage_entries()))
 
     def cancel(self) -> None:
         for job in self.jobs:
@@ -115,6 +143,43 @@ def _describe(notes: list[str]) -> str | None:
             f"request{'s' if most > 1 else ''}")
 
 
+def _base64(name: str, i: int, element: str | bytes) -> bytes:
+    try:
+        return base64.b64decode(element, validate=True)
+    except (binascii.Error, ValueError):
+        raise InvalidInput(f"input '{name}' element {i} is not valid base64 (send the file's "
+                           "bytes base64-encoded, or use the binary tensor extension)",
+                           param=f"inputs.{name}.data") from None
+
+
+class _Admitted:
+    """An engine's record stream, counted in flight until closed."""
+
+    def __init__(self, records: RecordStream, model: MediaModel) -> None:
+        self.records = records
+        self.model = model
+        self._open = True
+
+    @property
+    def ready(self) -> bool:
+        return self.records.ready
+
+    def feed(self, chunk: bytes) -> list[dict[str, Any]]:
+        return self.records.feed(chunk)
+
+    def finish(self) -> list[dict[str, Any]]:
+        return self.records.finish()
+
+    def end(self, records: int, total_ms: float, work_ms: float) -> dict[str, Any]:
+        return self.records.end(records, total_ms, work_ms)
+
+    def close(self) -> None:
+        if self._open:
+            self._open = False
+            self.model.num_admitted -= 1
+            self.records.close()
+
+
 def _never(result: Any, error: BaseException | None) -> None:
     raise AssertionError("a job's done is bound before it is enqueued")
 
@@ -127,12 +192,15 @@ def _first_run(job: MediaJob) -> int | None:
 
 
 class MediaModel(ModelBase):
-    kind = ModelKind.MEDIA
 
     def __init__(self, config: ModelConfig, engine: MediaEngine) -> None:
         self.config = config
         self.engine = engine
+        self.apis = frozenset({Api.INFER, Api.STREAM}) if engine.streams \
+            else frozenset({Api.INFER})
         self.metadata: ModelMetadata = engine.metadata
+        self.on_stages: Callable[[str, list[MediaJob]], None] | None = None
+        """Observes a request's files' stages once it is done (``attach``)."""
         self.admission = Admission(config.name, config.max_queue_depth,
                                    config.max_concurrency, what="files")
         self.drain = DrainRate(servers=1)
@@ -170,8 +238,57 @@ class MediaModel(ModelBase):
             self.admission.check(waiting + files - 1, self.num_admitted + files - 1,
                                  lambda: float(waiting), self.drain.per_s)
 
+    def attach(self, observers: Any) -> None:
+        self.on_stages = observers.media_stages()
+
     def parameters(self, raw: Mapping[str, Any]) -> Mapping[str, Any]:
         return self.engine.parameters(raw)
+
+    # -- V2 -------------------------------------------------------------------------------
+    def from_tensors(self, request: InferRequest) -> tuple[list[bytes], Mapping[str, Any]]:
+        """The files (raw, or base64 in JSON) and the request's parameters."""
+        name = self.input_name
+        tensor = request.inputs[name]
+        if tensor.binary:
+            files = list(tensor.data)
+        else:
+            content = tensor.parameters.get("content_type", "base64")
+            if content != "base64":
+                raise InvalidInput(f"input '{name}' content_type {content!r:.60} is not "
+                                   "supported; JSON data must be base64 (or send the files "
+                                   "with the binary tensor extension)",
+                                   param=f"inputs.{name}.parameters.content_type")
+            files = [_base64(name, i, e) for i, e in enumerate(tensor.data)]
+        if not files:
+            raise InvalidInput(f"input '{name}' is empty: nothing to infer",
+                               param=f"inputs.{name}")
+        limit = self.config.max_batch_size
+        if len(files) > limit:
+            raise TooManyItems(f"input '{name}' has {len(files)} files; this model takes at "
+                               f"most {limit} per request", param=f"inputs.{name}")
+        return files, request.parameters
+
+    def identity(self, inputs: tuple[list[bytes], Mapping[str, Any]]) -> Sequence[str]:
+        files, raw = inputs
+        params = orjson.dumps(self.engine.parameters(raw), option=orjson.OPT_SORT_KEYS)
+        return [*(hashlib.sha256(f).hexdigest() for f in files), params.decode()]
+
+    def to_tensors(self, result: list[Any], report: Report) -> list[Tensor]:
+        return [Tensor(name, datatype, tuple(shape), data)
+                for name, datatype, shape, data in self.engine.outputs(result)]
+
+    def to_plain(self, result: list[Any]) -> dict[str, Any]:
+        return self.engine.plain(result[0])
+
+    # -- Api.STREAM -------------------------------------------------------------------------
+    def open_stream(self, content_type: str, params: Mapping[str, str],
+                    ctx: RequestContext) -> RecordStream:
+        """One streamed file (the engine's ``open_stream``), counted as one file in flight
+        toward ``max_concurrency`` until it is closed."""
+        self.check_admission()
+        records = self.engine.open_stream(content_type, params)
+        self.num_admitted += 1
+        return _Admitted(records, self)
 
     async def prepare(self, inputs: tuple[list[bytes], Mapping[str, Any]],
                       ctx: RequestContext) -> MediaPrepared:

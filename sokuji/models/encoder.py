@@ -1,6 +1,9 @@
 """An encoder served under the model contract (``core/model.py``): a runtime (``Runtime``:
 ONNX, synthetic) and its dynamic batcher.
 
+- ``from_tensors`` / ``to_tensors`` (V2): its one BYTES input as UTF-8 texts, its rows as
+  its one output (``core/text_tensors.py``); the texts identify an answer in the response
+  cache, for V2 and OpenAI embeddings alike.
 - ``prepare(texts, ctx)``: the runtime's ``preprocess`` (tokenise) -> ``Prepared`` with the
   lengths the batcher groups by; on the event loop up to ``INLINE_MAX_CHARS``, beyond in the
   ``sokuji-prep`` pool (``core/offload.py``).
@@ -19,18 +22,23 @@ from typing import Any
 
 from sokuji.config import ModelConfig
 from sokuji.config_ops import SloConfig, budgets_for
-from sokuji.core import offload
+from sokuji.core import offload, text_tensors
 from sokuji.core.batcher import BatcherConfig, BatchInfo, DynamicBatcher
 from sokuji.core.model import (
+    Api,
     Capacity,
     ModelBase,
-    ModelKind,
     ModelMetadata,
+    Report,
     RequestContext,
     Submission,
 )
 from sokuji.core.request import InferenceRequest, Prepared, Timeline
+from sokuji.core.tensor import InferRequest, Tensor
 from sokuji.runtimes.base import Runtime
+
+EMBEDS = frozenset({Api.INFER, Api.EMBED})
+"""What an encoder serves: V2 infer and OpenAI embeddings (a classifier: V2 only)."""
 
 INLINE_MAX_CHARS = 4096
 """Requests whose texts total up to this many characters are tokenised on the event loop
@@ -50,25 +58,27 @@ def batcher_config(mc: ModelConfig, tenant_slos: Iterable[SloConfig] = ()) -> Ba
 
 
 class EncoderModel(ModelBase):
-    kind = ModelKind.ENCODER
+    batches = True
 
-    def __init__(self, config: ModelConfig, runtime: Runtime, batcher: DynamicBatcher) -> None:
+    def __init__(self, config: ModelConfig, runtime: Runtime, batcher: DynamicBatcher,
+                 apis: frozenset[Api] = EMBEDS) -> None:
         self.config = config
         self.runtime = runtime
         self.batcher = batcher
+        self.apis = apis
         self.metadata: ModelMetadata = runtime.describe()
 
     @classmethod
     def over(cls, runtime: Runtime, config: ModelConfig, tenant_slos: Iterable[SloConfig],
              metric_name: str,
-             on_batch: Callable[[str], Callable[[BatchInfo], None]] | None = None
-             ) -> EncoderModel:
+             on_batch: Callable[[str], Callable[[BatchInfo], None]] | None = None,
+             apis: frozenset[Api] = EMBEDS) -> EncoderModel:
         """A loaded ``runtime`` under a batcher of its own, named ``metric_name`` (a variant:
         ``name@variant``) in metrics and statistics."""
         batcher = DynamicBatcher(metric_name, runtime.run_batch,
                                  batcher_config(config, tenant_slos),
                                  on_batch=on_batch(metric_name) if on_batch else None)
-        return cls(config, runtime, batcher)
+        return cls(config, runtime, batcher, apis)
 
     @property
     def name(self) -> str:
@@ -101,7 +111,17 @@ class EncoderModel(ModelBase):
         return self.batcher.enqueue(InferenceRequest(
             model=self.batcher.name, payload=prepared, num_items=prepared.num_items,
             length=prepared.length, timeline=tl, request_id=ctx.request_id,
-            priority=ctx.priority, deadline_ns=ctx.deadline_ns, tenant=ctx.tenant))
+            priority=ctx.priority, deadline_ns=ctx.deadline_ns, tenant=ctx.tenant,
+            num_tokens=prepared.num_tokens))
+
+    def from_tensors(self, request: InferRequest) -> list[str]:
+        return text_tensors.texts(request, self.metadata, self.config.max_batch_size)
+
+    def to_tensors(self, result: Any, report: Report) -> list[Tensor]:
+        return text_tensors.rows(self.metadata, result)
+
+    def identity(self, inputs: list[str]) -> list[str]:
+        return inputs
 
     def attach(self, observers: Any) -> None:
         by_time = self.batcher.by_time

@@ -33,6 +33,11 @@ class Observers:
         observe = self.metrics.pipelines.observe
         return observe if self.tracer is None else self.tracer.pipeline_observer(observe)
 
+    def media_stages(self) -> Callable[[str, list[Any]], None]:
+        """What observes a media request's files once they are done (model, their jobs):
+        stage durations, batches shared, one execution in Triton's statistics."""
+        return self.metrics.observe_media
+
     def upstream_attempt(self, upstream: str, code: int | str, seconds: float) -> None:
         """One call to another server: its outcome and duration."""
         self.metrics.routing.upstream_attempt(upstream, code, seconds)

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import orjson
 
-from sokuji.core.model import ModelKind
+from sokuji.core.model import Api
 from sokuji.core.request import STAGES
 from sokuji.observability.timings import TOTAL_COLUMN
 
@@ -139,9 +139,9 @@ class Sampler:
 
     @staticmethod
     def _describe(name: str, model: Model) -> dict[str, Any]:
-        out: dict[str, Any] = {"name": name, "kind": model.kind.value,
+        out: dict[str, Any] = {"name": name, "apis": [a.value for a in Api if a in model.apis],
                                "runtime": model.config.runtime}
-        if model.kind is ModelKind.ENCODER:
+        if model.served.batches:
             out["max_batch_size"] = model.config.max_batch_size
         return out
 
@@ -298,8 +298,7 @@ class Sampler:
 
     def _batches(self, out: dict[str, Any], name: str, model: Model) -> None:
         prev = self._previous[name]
-        engine = self.metrics.llm.engines.get(name) \
-            if model.kind is ModelKind.GENERATOR else None
+        engine = self.metrics.llm.engines.get(name)
         if engine is not None:  # a generator: decode steps and sequences per step
             steps, rows = engine.steps, engine.rows
             d_steps, d_rows = steps - prev.steps, rows - prev.rows

@@ -1,14 +1,19 @@
 """A pipeline served under the model contract (``core/model.py``): addressed like a model,
 admitted like one, its steps run by ``run.py``.
 
-- ``check_admission``: the pipeline's own bound on requests in flight (``max_concurrency``)
-  and the admission of every model its steps call (a full LLM queue refuses the request
-  before any step runs: 429 at once, not after retrieval).
-- ``prepare(inputs, ctx)``: the request's inputs (a mapping) checked against the declared
-  ones: required present, unknown refused, strings / lists of strings / a chat's messages.
+- ``check_admission`` (the edge, before the body): the pipeline's own bound on requests in
+  flight (``max_concurrency``) and the admission of every model its steps call (a full LLM
+  queue refuses the request before any step runs: 429 at once, not after retrieval).
+  ``submit`` admits against its own bound only: each step's model admits its own request
+  when the step submits it.
+- ``prepare(inputs, ctx)``: the request's inputs (a mapping; from V2, ``from_tensors``: its
+  JSON tensors by name, one element as itself, several as a list) checked against the
+  declared ones: required present, unknown refused, strings / lists of strings / a chat's
+  messages. A chat request (a ``GenerationInput``, when the answer generates: ``Api.GENERATE``)
+  becomes the inputs ``chat_inputs`` says, its answer sampled as it asks.
 - ``submit(prepared, ctx)``: starts every step (``Run``); the handle's ``result()`` is the
-  answer step's output (a generator's whole text), ``extra`` the extra outputs.
-- As a generator (its answer step generates text), ``submit_generation`` returns an
+  answer step's output (a generator's whole text), its report the extra outputs, the steps'
+  ``Server-Timing`` entries and ``x-sokuji-pipeline-steps``. A chat's handle is an
   ``EventStream`` (``core/events.py``) with a ``timing``, as a ``GenerationRequest`` is: the
   OpenAI endpoints stream it unchanged. Its ``timing`` is the answer's generation timing,
   arrival at the pipeline's arrival, with the steps' entries in front.
@@ -17,23 +22,30 @@ admitted like one, its steps run by ``run.py``.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
+import orjson
 
 from sokuji.core import timing
 from sokuji.core.events import Event, EventStream, Finish
 from sokuji.core.model import (
+    Api,
     Capacity,
     GenerationInput,
     ModelBase,
-    ModelKind,
     ModelMetadata,
+    Report,
     RequestContext,
     TensorSpec,
 )
-from sokuji.errors import InvalidInput, Overloaded, SokujiError
+from sokuji.core.request import Stage, Timeline
+from sokuji.core.tensor import BYTES, InferRequest, Tensor
+from sokuji.errors import BadRequest, InvalidInput, Overloaded, SokujiError
 from sokuji.llm.request import Timing
 from sokuji.pipelines.config import PipelineConfig
 from sokuji.pipelines.graph import Graph
@@ -42,23 +54,29 @@ from sokuji.pipelines.steps import Resources, build_step
 
 MAX_INPUT_CHARS = 64 * 1024
 """The most characters one string input may have (the steps' own limits apply too)."""
+MAX_ELEMENTS = 1024
+"""The most elements one V2 input may have."""
+STEPS_HEADER = "x-sokuji-pipeline-steps"
 
 
 @dataclass(frozen=True)
 class PreparedPipeline:
     inputs: dict[str, Any]
+    answer: GenerationInput | None = None
+    """A chat request: the answer's events are relayed, sampled as it asks."""
 
 
 class PipelineModel(ModelBase):
-    kind = ModelKind.PIPELINE
 
     def __init__(self, graph: Graph, res: Resources, at: str) -> None:
         self.graph = graph
         self.config: PipelineConfig = graph.config
         answer = graph.nodes[graph.output].config
         self.generates = answer.kind == "model" and \
-            res.models[answer.model].kind is ModelKind.GENERATOR
+            Api.GENERATE in res.models[answer.model].apis
         """Its answer is generated text: also served on the OpenAI endpoints, streamed."""
+        self.apis = frozenset({Api.INFER, Api.GENERATE}) if self.generates \
+            else frozenset({Api.INFER})
         self.steps: list[StepFn] = [build_step(n.config, f"{at}.steps[{n.index}]", res)
                                     for n in graph.nodes]
         self.callees = [res.models[n.config.model] for n in graph.nodes
@@ -76,7 +94,9 @@ class PipelineModel(ModelBase):
         outputs += [TensorSpec(graph.nodes[i].name, "BYTES", (-1,)) for i in graph.extra]
         self.metadata = ModelMetadata(
             "sokuji_pipeline",
-            tuple(TensorSpec(name, "BYTES", (-1,)) for name in self.config.inputs),
+            (*(TensorSpec(name, BYTES, (-1,)) for name in self.config.inputs),
+             *(TensorSpec(name, BYTES, (-1,), optional=True)
+               for name in self.config.optional_inputs if name not in self.config.inputs)),
             tuple(outputs))
 
     @property
@@ -99,14 +119,45 @@ class PipelineModel(ModelBase):
         self.on_done = observers.pipeline_done()  # step times (and spans, when traced)
 
     def check_admission(self) -> None:
+        self._admit()
+        for model in self.callees:
+            model.check_admission()
+
+    def _admit(self) -> None:
         limit = self.config.max_concurrency
         if limit and self.in_flight >= limit:
             raise Overloaded(f"pipeline '{self.name}': {self.in_flight} requests in flight "
                              f"(max_concurrency {limit})", retry_after_s=1)
-        for model in self.callees:
-            model.check_admission()
 
-    async def prepare(self, inputs: dict[str, Any], ctx: RequestContext) -> PreparedPipeline:
+    # -- V2 -------------------------------------------------------------------------------
+    def from_tensors(self, request: InferRequest) -> dict[str, Any]:
+        """Its JSON tensors by name: one element as itself, several as a list."""
+        out: dict[str, Any] = {}
+        for name, tensor in request.inputs.items():
+            if tensor.binary:
+                raise BadRequest("pipelines take JSON tensors only, not the binary extension")
+            data = tensor.data if tensor.datatype == BYTES else tensor.data.reshape(-1).tolist()
+            if len(data) > MAX_ELEMENTS:
+                raise InvalidInput(f"input '{name}' has more than {MAX_ELEMENTS} elements",
+                                   param=name)
+            out[name] = data[0] if len(data) == 1 else data
+        return out
+
+    def identity(self, inputs: Any) -> Sequence[str] | None:
+        if not isinstance(inputs, Mapping):
+            return None  # a chat: generated, never cached
+        return [orjson.dumps(inputs, option=orjson.OPT_SORT_KEYS).decode()]
+
+    def to_tensors(self, result: Any, report: Report) -> list[Tensor]:
+        """The answer, then each extra output, named by their steps."""
+        answer = self.graph.nodes[self.graph.output].name
+        return [_tensor(answer, result),
+                *(_tensor(name, value) for name, value in report.outputs.items())]
+
+    async def prepare(self, inputs: Any, ctx: RequestContext) -> PreparedPipeline:
+        if isinstance(inputs, GenerationInput):  # a chat: the answer is relayed
+            chat = self.chat_inputs(inputs, getattr(inputs, "user", None))
+            return dataclasses.replace(await self.prepare(chat, ctx), answer=inputs)
         cfg = self.config
         for name in cfg.inputs:
             if inputs.get(name) is None:
@@ -119,18 +170,19 @@ class PipelineModel(ModelBase):
             _check_value(name, value)
         return PreparedPipeline(inputs)
 
-    def submit(self, prepared: PreparedPipeline, ctx: RequestContext) -> PipelineSubmission:
-        self.check_admission()
-        run = Run(self.graph, self.steps, prepared.inputs, ctx)
-        return PipelineSubmission(self, run, run.start())
-
-    def submit_generation(self, prepared: PreparedPipeline, ctx: RequestContext,
-                          answer: GenerationInput) -> PipelineGeneration:
-        """The answer's tokens as a generation's events (``generates`` only), sampled as
-        ``answer`` (the chat request) asks."""
-        self.check_admission()
+    def submit(self, prepared: PreparedPipeline, ctx: RequestContext) -> Any:
+        """A ``PipelineSubmission``; for a chat, the answer's tokens as a generation's events
+        (``PipelineGeneration``, ``generates`` only), sampled as the chat request asks."""
+        self._admit()
+        timeline = ctx.timeline
+        if timeline is not None:  # the steps' models stamp their own; this is the request's
+            ctx = dataclasses.replace(ctx, timeline=None)
+        if prepared.answer is None:
+            run = Run(self.graph, self.steps, prepared.inputs, ctx)
+            return PipelineSubmission(self, run, run.start(), timeline)
         timing_ = PipelineTiming(arrival_ns=ctx.arrival_ns)
-        run = Run(self.graph, self.steps, prepared.inputs, ctx, answer=Answer(answer, timing_))
+        run = Run(self.graph, self.steps, prepared.inputs, ctx,
+                  answer=Answer(prepared.answer, timing_))
         timing_.run = run
         return PipelineGeneration(self, run, timing_)
 
@@ -181,10 +233,12 @@ def _check_value(name: str, value: Any) -> None:
 class PipelineSubmission:
     """The handle of a pipeline request (``Submission``)."""
 
-    def __init__(self, model: PipelineModel, run: Run, task: asyncio.Task[Any]) -> None:
+    def __init__(self, model: PipelineModel, run: Run, task: asyncio.Task[Any],
+                 timeline: Timeline | None = None) -> None:
         self.model = model
         self.run = run
         self.task = task
+        self.timeline = timeline
         model.in_flight += 1
         task.add_done_callback(self._done)
 
@@ -194,7 +248,18 @@ class PipelineSubmission:
             asyncio.get_running_loop().call_soon(self.model.on_done, self.run)
 
     async def result(self) -> Any:
-        return await self.task
+        """The answer step's output; the request's Timeline ``infer`` spans the run."""
+        out = await self.task
+        if self.timeline is not None:
+            self.timeline.mark(Stage.INFER)
+        return out
+
+    @property
+    def report(self) -> Report:
+        """The extra outputs, the steps' timing entries and their starts and durations."""
+        run = self.run
+        return Report(timing=tuple(run.timing_entries()),
+                      headers={STEPS_HEADER: run.steps_header()}, outputs=run.extra())
 
     async def events(self) -> AsyncIterator[Any]:
         yield await self.task
@@ -219,6 +284,11 @@ class PipelineGeneration(EventStream):
         model.in_flight += 1
         self._open = True
         self.task = run.start()
+
+    @property
+    def report(self) -> Report:
+        """The steps so far (when each ran) and the extra outputs (its ``sources``)."""
+        return Report(headers={STEPS_HEADER: self.run.steps_header()}, outputs=self.extra)
 
     async def next_events(self) -> list[Event]:
         if self.gen is None:
@@ -257,6 +327,21 @@ class PipelineGeneration(EventStream):
             self.run.cancel()
             self.task.cancel()
         self._close()
+
+
+def _tensor(name: str, value: Any) -> Tensor:
+    """An output as a tensor: a vector or matrix as FP32, a string a BYTES element, a list
+    of strings one element each, anything else (a retrieval's hits, a feature row) JSON text
+    per element."""
+    if isinstance(value, np.ndarray) and value.dtype.kind in "fiu":
+        return Tensor(name, "FP32", value.shape, value.astype(np.float32, copy=False))
+    if isinstance(value, str):
+        return Tensor(name, BYTES, (1,), [value])
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return Tensor(name, BYTES, (len(value),), value)
+    items = value if isinstance(value, list) else [value]
+    return Tensor(name, BYTES, (len(items),), [
+        orjson.dumps(v, option=orjson.OPT_SERIALIZE_NUMPY).decode() for v in items])
 
 
 class PipelineTiming(Timing):

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sokuji.core import offload
-from sokuji.core.model import GenerationInput, ModelKind, RequestContext, ServedModel
+from sokuji.core.model import Api, GenerationInput, RequestContext, ServedModel
 from sokuji.errors import ConfigError, InvalidInput
 from sokuji.pipelines.config import StepConfig
 from sokuji.pipelines.run import Answer
@@ -67,12 +67,13 @@ def build_step(cfg: StepConfig, at: str, res: Resources) -> Step:
     a store, what kind of model a step calls)."""
     if cfg.kind == "model":
         model = res.models[cfg.model]
-        if model.kind is ModelKind.GENERATOR:
+        if model.apis == {Api.GENERATE}:
             return _generator_step(cfg, at, model)
-        if model.kind is not ModelKind.ENCODER:  # a pipeline passes strings, not files
+        if not model.batches:  # a pipeline passes strings (a row per text), not files
+            served = "+".join(a.value for a in Api if a in model.apis)
             raise ConfigError.for_key(f"{at}.model", cfg.model,
-                                      f"a {model.kind} model cannot be a step (yet): steps "
-                                      "call encoders and generators")
+                                      f"a model serving {served} cannot be a step (yet): "
+                                      "steps call encoders and generators")
         return _encoder_step(model)
     if cfg.kind == "retrieve":
         return _retrieve_step(cfg, at, res)
@@ -90,8 +91,7 @@ def _encoder_step(model: ServedModel) -> Step:
         if not isinstance(texts, list) or not texts or not all(isinstance(t, str)
                                                                for t in texts):
             raise InvalidInput("'texts' must be a string or a non-empty list of strings")
-        model.check_admission()
-        prepared = await model.prepare(texts, ctx)
+        prepared = await model.prepare(texts, ctx)  # (admitted by its submit)
         rows = await model.submit(prepared, ctx).result()
         return rows[0] if one else rows
     return run
@@ -115,8 +115,7 @@ def _generator_step(cfg: StepConfig, at: str, model: ServedModel) -> Step:
             inputs = dataclasses.replace(
                 answer.request, chat=messages is not None, messages=messages, prompt=prompt,
                 max_tokens=answer.request.max_tokens or o.max_tokens)
-        model.check_admission()
-        prepared = await model.prepare(inputs, ctx)
+        prepared = await model.prepare(inputs, ctx)  # (admitted by its submit)
         if answer is not None:  # the caller relays its events; the pipeline's timing is its
             return model.submit(prepared, ctx, timing=answer.timing)  # type: ignore[call-arg]
         return (await model.submit(prepared, ctx).result()).text
@@ -126,7 +125,7 @@ def _generator_step(cfg: StepConfig, at: str, model: ServedModel) -> Step:
 def _retrieve_step(cfg: StepConfig, at: str, res: Resources) -> Step:
     o: RetrieveOptions = step_options(cfg, at)
     encoder = res.models.get(o.encoder) if o.encoder else None
-    if encoder is not None and encoder.kind is not ModelKind.ENCODER:
+    if encoder is not None and Api.EMBED not in encoder.apis:
         raise ConfigError.for_key(f"{at}.options.encoder", o.encoder, "not an encoder")
     if o.index not in res.indexes:
         assert res.open_index is not None
@@ -145,8 +144,7 @@ def _retrieve_step(cfg: StepConfig, at: str, res: Resources) -> Step:
         vector = None
         if mode != "bm25":
             assert encoder is not None
-            encoder.check_admission()
-            prepared = await encoder.prepare([query], ctx)
+            prepared = await encoder.prepare([query], ctx)  # (admitted by its submit)
             vector = (await encoder.submit(prepared, ctx).result())[0]
         # On the event loop while searches measure cheap (the built-in index: ~0.2 ms, less
         # than a hand-off to a worker thread and back costs where wake-ups are slow); in the

@@ -15,20 +15,14 @@ import asyncio
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any
 
 from sokuji.config import ModelConfig, ServerConfig
 from sokuji.core.batcher import BatchInfo
-from sokuji.core.model import ModelKind, ModelMetadata, ServedModel
-from sokuji.errors import InvalidInput, ModelNotFound, ModelNotReady
+from sokuji.core.model import Api, ModelMetadata, ServedModel
+from sokuji.errors import ModelNotFound, ModelNotReady
 from sokuji.kinds.kind import BuildEnv, Built
-from sokuji.models.encoder import EncoderModel
 from sokuji.repository import defaults, registry
-
-if TYPE_CHECKING:
-    from sokuji.llm.generator import GeneratorModel
-    from sokuji.media.model import MediaModel
-    from sokuji.pipelines.model import PipelineModel
 
 log = logging.getLogger(__name__)
 
@@ -48,11 +42,12 @@ class Model:
     variants: dict[str, Model] = field(default_factory=dict)
     """The primary's other servable variants, by name."""
     metadata: ModelMetadata = field(init=False)
-    kind: ModelKind = field(init=False)
+    apis: frozenset[Api] = field(init=False)
+    """What it serves (``core.model.Api``)."""
 
     def __post_init__(self) -> None:
         self.metadata = self.served.metadata  # (plain attributes: read on every request)
-        self.kind = self.served.kind
+        self.apis = self.served.apis
 
     @classmethod
     def of(cls, config: ModelConfig, built: Built) -> Model:
@@ -80,44 +75,6 @@ class Model:
 
     def all(self) -> list[Model]:
         return [self, *self.variants.values()]
-
-    def embedder(self) -> EncoderModel:
-        """The model as an encoder; 400 for a generative one."""
-        if self.kind is not ModelKind.ENCODER:
-            if self.kind is ModelKind.PIPELINE:
-                raise InvalidInput(f"'{self.name}' is a pipeline: use /v2/models/{self.name}"
-                                   "/infer or /v1/chat/completions", param="model")
-            if self.kind is ModelKind.MEDIA:
-                what = self.metadata.inputs[0].name
-                raise InvalidInput(f"model '{self.name}' takes {what} files: use "
-                                   f"/v2/models/{self.name}/infer", param="model")
-            raise InvalidInput(f"model '{self.name}' generates text: use "
-                               "/v1/chat/completions or /v1/completions", param="model")
-        # An EncoderModel, or what serves like one (a router, an upstream): the contract.
-        return cast("EncoderModel", self.served)
-
-    def media(self) -> MediaModel | None:
-        """The model as a media model (OCR, VAD); None for others."""
-        return cast("MediaModel", self.served) if self.kind is ModelKind.MEDIA else None
-
-    def pipeline(self) -> PipelineModel | None:
-        """The model as a pipeline; None for a model."""
-        return cast("PipelineModel", self.served) if self.kind is ModelKind.PIPELINE else None
-
-    def generator(self) -> GeneratorModel:
-        """The model as a generator; 400 for an encoder (or a pipeline that does not
-        generate: a generating pipeline is served by ``llm_api`` through ``pipeline()``)."""
-        if self.served.kind is not ModelKind.GENERATOR:
-            if self.kind is ModelKind.PIPELINE:
-                raise InvalidInput(f"pipeline '{self.name}' does not generate text: use "
-                                   f"/v2/models/{self.name}/infer", param="model")
-            if self.kind is ModelKind.MEDIA:
-                raise InvalidInput(f"model '{self.name}' does not generate text: use "
-                                   f"/v2/models/{self.name}/infer", param="model")
-            raise InvalidInput(f"model '{self.name}' does not generate text (it is an "
-                               "encoder: use /v1/embeddings or /v2/models/"
-                               f"{self.name}/infer)", param="model")
-        return cast("GeneratorModel", self.served)  # the one implementation of that kind
 
     @property
     def name(self) -> str:

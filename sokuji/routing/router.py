@@ -30,7 +30,16 @@ from pathlib import Path
 from typing import Any
 
 from sokuji.config import ModelConfig
-from sokuji.core.model import Capacity, ModelBase, ModelKind, ModelMetadata, RequestContext
+from sokuji.core import text_tensors
+from sokuji.core.model import (
+    Api,
+    Capacity,
+    ModelBase,
+    ModelMetadata,
+    Report,
+    RequestContext,
+)
+from sokuji.core.tensor import InferRequest, Tensor
 from sokuji.errors import ConfigError, InvalidInput, Overloaded, RouteUnavailable
 from sokuji.routing.attempts import Attempts, PreparedRoute, RouteInfo, Target
 from sokuji.routing.config import RouterOptions, Rule
@@ -76,7 +85,10 @@ class RouterModel(ModelBase):
         self.shadow: Any = None
         """``shadow.Shadow`` when a shadow target is configured."""
         first = next(iter(self.targets.values())).model
-        self.kind: ModelKind = first.kind
+        self.apis: frozenset[Api] = first.apis
+        self.batches: bool = first.batches
+        self.generates = Api.GENERATE in self.apis
+        """Its targets generate: a request is a ``GenerationInput``, its handle a stream."""
         self.metadata: ModelMetadata = first.metadata
         self._check_targets(at)
         self.primaries = self._primaries()
@@ -108,10 +120,10 @@ class RouterModel(ModelBase):
 
     def check_admission(self) -> None:
         """429 before the body is read only when every target a request could go to first
-        is full; 503 with Retry-After when every target (fallbacks too) is cooling down."""
-        if self.in_flight >= self.config.max_queue_depth:
-            raise Overloaded(f"router '{self.name}': {self.in_flight} requests in flight",
-                             retry_after_s=1)
+        is full; 503 with Retry-After when every target (fallbacks too) is cooling down.
+        (The edge's check, once per request: each attempt is admitted by its target's own
+        ``submit``.)"""
+        self._admit()
         candidates = [*self.primaries, *(self.targets[n] for n in self.options.fallbacks)]
         open_ = [t for t in candidates if not t.available()]
         if len(open_) == len(candidates):
@@ -131,8 +143,22 @@ class RouterModel(ModelBase):
         if refusal is not None:
             raise refusal
 
+    def _admit(self) -> None:
+        if self.in_flight >= self.config.max_queue_depth:
+            raise Overloaded(f"router '{self.name}': {self.in_flight} requests in flight",
+                             retry_after_s=1)
+
+    def from_tensors(self, request: InferRequest) -> list[str]:
+        return text_tensors.texts(request, self.metadata, self.config.max_batch_size)
+
+    def to_tensors(self, result: Any, report: Report) -> list[Tensor]:
+        return text_tensors.rows(self.metadata, result)
+
+    def identity(self, inputs: Any) -> Any:
+        return None if self.generates else inputs
+
     async def prepare(self, inputs: Any, ctx: RequestContext) -> PreparedRoute:
-        if self.kind is ModelKind.GENERATOR:
+        if self.generates:
             chars = _generation_chars(inputs)
             return PreparedRoute(inputs, chars, "chat" if inputs.chat else "completion")
         if not isinstance(inputs, list) or not all(isinstance(x, str) for x in inputs):
@@ -141,8 +167,8 @@ class RouterModel(ModelBase):
 
     def submit(self, prepared: PreparedRoute, ctx: RequestContext, timing: Any = None) -> Any:
         """``timing``: a generating pipeline's (its answer step stamps the caller's)."""
-        self.check_admission()
-        if self.kind is ModelKind.GENERATOR:
+        self._admit()
+        if self.generates:
             return RouteGeneration(self, prepared, ctx, timing)
         return RouteSubmission(self, prepared, ctx)
 
@@ -218,24 +244,26 @@ class RouterModel(ModelBase):
         return [self.targets[n] for n in dict.fromkeys(names)]
 
     def _check_targets(self, at: str) -> None:
-        """Targets must look alike to a client: the same kind, inputs and outputs (names,
-        datatypes, widths); a cascade's are classifiers (a scores matrix)."""
+        """Targets must look alike to a client: the same apis, inputs and outputs (names,
+        datatypes, widths); text in, a row per text or a generation out; a cascade's are
+        classifiers (a scores matrix)."""
         ref = self.metadata
         for t in self.targets.values():
             m = t.model
-            if m.kind not in (ModelKind.ENCODER, ModelKind.GENERATOR):
-                raise ConfigError(f"Config '{at}.options': target '{t.name}' is a {m.kind} "
-                                  "model; routers route encoders, classifiers, generators "
-                                  "and upstreams", param=f"{at}.options")
-            if m.kind is not self.kind or _shape(m.metadata) != _shape(ref):
+            if not (m.batches or m.apis == {Api.GENERATE}):
+                raise ConfigError(f"Config '{at}.options': target '{t.name}' serves "
+                                  f"{_apis(m.apis)} without batching texts; routers route "
+                                  "encoders, classifiers, generators and upstreams",
+                                  param=f"{at}.options")
+            if m.apis != self.apis or _shape(m.metadata) != _shape(ref):
                 raise ConfigError(
-                    f"Config '{at}.options': target '{t.name}' ({m.kind}, "
+                    f"Config '{at}.options': target '{t.name}' ({_apis(m.apis)}, "
                     f"{_describe(m.metadata)}) differs from '{next(iter(self.targets))}' "
-                    f"({self.kind}, {_describe(ref)}): a router's targets must take and "
-                    "return the same tensors", param=f"{at}.options")
+                    f"({_apis(self.apis)}, {_describe(ref)}): a router's targets must take "
+                    "and return the same tensors", param=f"{at}.options")
         if self.options.kind == "cascade":
             out = ref.outputs[0] if ref.outputs else None
-            if self.kind is not ModelKind.ENCODER or out is None or out.datatype != "FP32" \
+            if not self.batches or self.generates or out is None or out.datatype != "FP32" \
                     or out.shape[-1] < 2:
                 raise ConfigError(f"Config '{at}.options.targets': a cascade needs two "
                                   "classifiers (runtime classifier: a score per label)",
@@ -274,6 +302,10 @@ def _shape(meta: ModelMetadata) -> tuple[Any, ...]:
     return (tuple((s.name, s.datatype) for s in meta.inputs),
             tuple((s.name, s.datatype, s.shape[-1] if s.shape else None)
                   for s in meta.outputs))
+
+
+def _apis(apis: frozenset[Api]) -> str:
+    return "+".join(a.value for a in Api if a in apis) or "nothing"
 
 
 def _describe(meta: ModelMetadata) -> str:

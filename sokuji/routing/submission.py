@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from sokuji.core.events import EventStream, Finish
-from sokuji.core.model import RequestContext
+from sokuji.core.model import Report, RequestContext
 from sokuji.errors import SokujiError
 from sokuji.llm.request import Timing
 from sokuji.routing.attempts import Attempts, PreparedRoute, RouteInfo, Target
@@ -62,6 +62,13 @@ class RouteSubmission:
 
     def cancel(self) -> None:
         self._close()
+
+    @property
+    def report(self) -> Report:
+        """The target that answered, why and what was tried (the ``route`` timing entry)."""
+        info = self.prepared.route
+        return Report(served_by=info.served_by, timing=(info.timing_entry(),),
+                      input_tokens=self.prepared.num_tokens)
 
     def _close(self) -> None:
         if self._open:
@@ -123,15 +130,14 @@ class RouteSubmission:
 async def _encode(target: Target, texts: list[str], ctx: RequestContext,
                   prepared: PreparedRoute) -> Any:
     model = target.model
-    model.check_admission()
     inner = await model.prepare(texts, ctx)
-    handle = model.submit(inner, ctx)
+    handle = model.submit(inner, ctx)  # (admitted there: a full target refuses, 429)
     try:
         out = await handle.result()
     except asyncio.CancelledError:
         handle.cancel()
         raise
-    prepared.num_tokens = getattr(inner, "num_tokens", 0)
+    prepared.num_tokens = handle.report.input_tokens
     return out
 
 
@@ -172,8 +178,9 @@ class RouteGeneration(EventStream):
         self._first: asyncio.Task[list[Any]] | None = None
 
     @property
-    def served_by(self) -> str:
-        return self.info.served_by
+    def report(self) -> Report:
+        """The target that answers (known once the first events came)."""
+        return Report(served_by=self.info.served_by)
 
     async def next_events(self) -> list[Any]:
         if self.gen is not None:
@@ -202,7 +209,6 @@ class RouteGeneration(EventStream):
 
         async def call(target: Target) -> list[Any]:
             model = target.model
-            model.check_admission()
             inner = await model.prepare(req, ctx)
             gen: Any = model.submit(inner, ctx) if self.given_timing is None else \
                 model.submit(inner, ctx, timing=self.given_timing)  # type: ignore[call-arg]

@@ -35,17 +35,20 @@ import orjson
 
 from sokuji import http_client
 from sokuji.config import ModelConfig
-from sokuji.core import policy
+from sokuji.core import policy, text_tensors
 from sokuji.core.model import (
+    NOTHING,
+    Api,
     Capacity,
     GenerationInput,
     ModelBase,
-    ModelKind,
     ModelMetadata,
+    Report,
     RequestContext,
     TensorSpec,
 )
 from sokuji.core.request import Stage
+from sokuji.core.tensor import InferRequest, Tensor
 from sokuji.errors import ConfigError, InvalidInput, ModelNotReady
 from sokuji.llm.request import Timing
 from sokuji.routing.config import UpstreamOptions
@@ -112,11 +115,18 @@ class _Completions:
 class UpstreamCall:
     """An encoder request in flight on the upstream (a ``Submission``)."""
 
-    def __init__(self, task: asyncio.Task[np.ndarray]) -> None:
+    def __init__(self, task: asyncio.Task[np.ndarray], prepared: UpstreamPrepared) -> None:
         self._task = task
+        self.prepared = prepared
 
     async def result(self) -> np.ndarray:
         return await self._task
+
+    @property
+    def report(self) -> Report:
+        """The upstream's usage, when it gives one."""
+        tokens = self.prepared.num_tokens
+        return Report(input_tokens=tokens) if tokens else NOTHING
 
     def cancel(self) -> None:
         self._task.cancel()
@@ -129,8 +139,11 @@ class UpstreamModel(ModelBase):
         if options.protocol == "v2" and options.task != "embeddings":
             raise ConfigError.for_key(f"models.{config.name}.options.task", options.task,
                                       "protocol v2 serves encoders only (use openai for chat)")
-        self.kind = ModelKind.GENERATOR if options.protocol == "openai" \
-            and options.task == "chat" else ModelKind.ENCODER
+        self.generates = options.protocol == "openai" and options.task == "chat"
+        self.apis = frozenset({Api.GENERATE}) if self.generates \
+            else frozenset({Api.INFER, Api.EMBED})
+        self.batches = not self.generates
+        """An encoder upstream answers a row per text, as a local one (Triton's view)."""
         self.client = UpstreamClient(config.name, options)
         self.input_name = "text"
         """The upstream's input (V2)."""
@@ -159,7 +172,7 @@ class UpstreamModel(ModelBase):
         self.client.on_attempt = callback
 
     def _describe(self, width: int, output: str) -> ModelMetadata:
-        if self.kind is ModelKind.GENERATOR:
+        if self.generates:
             return ModelMetadata(platform="upstream_openai",
                                  inputs=(TensorSpec("text_input", "BYTES", (1,)),),
                                  outputs=(TensorSpec("text_output", "BYTES", (1,)),))
@@ -174,7 +187,7 @@ class UpstreamModel(ModelBase):
         self.client.default_key = self._env(f"{at}.api_key_env", opts.api_key_env)
         self.client.keys = {tenant: self._env(f"{at}.tenant_keys_env.{tenant}", var)
                             for tenant, var in opts.tenant_keys_env.items()}
-        if self.kind is ModelKind.GENERATOR:
+        if self.generates:
             return
         if opts.protocol == "v2":
             width, output = self._load_v2()
@@ -297,8 +310,17 @@ class UpstreamModel(ModelBase):
             self._admission.check(self.in_flight, self.in_flight, lambda: self.in_flight,
                                   self._completions.per_s)
 
+    def from_tensors(self, request: InferRequest) -> list[str]:
+        return text_tensors.texts(request, self.metadata, self.config.max_batch_size)
+
+    def to_tensors(self, result: Any, report: Report) -> list[Tensor]:
+        return text_tensors.rows(self.metadata, result)
+
+    def identity(self, inputs: Any) -> Any:
+        return None if self.generates else inputs
+
     async def prepare(self, inputs: Any, ctx: RequestContext) -> Any:
-        if self.kind is ModelKind.GENERATOR:
+        if self.generates:
             if not isinstance(inputs, GenerationInput):
                 raise InvalidInput(f"model '{self.name}' generates text: send a prompt or "
                                    "messages", param="model")
@@ -319,7 +341,7 @@ class UpstreamModel(ModelBase):
                                       prepared.chat, ctx, self._done, timing)
         task = asyncio.get_running_loop().create_task(self._encode(prepared, ctx))
         task.add_done_callback(lambda _: self._done())
-        return UpstreamCall(task)
+        return UpstreamCall(task, prepared)
 
     def _done(self) -> None:
         self.in_flight -= 1

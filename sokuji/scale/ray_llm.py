@@ -45,7 +45,7 @@ from sokuji import errors
 from sokuji.config import ModelConfig, ServerConfig
 from sokuji.core import policy
 from sokuji.core.events import Delta, EventQueue, Finish
-from sokuji.core.model import Capacity, GenerationInput, RequestContext
+from sokuji.core.model import Capacity, GenerationInput, Report, RequestContext
 from sokuji.core.request import Priority
 from sokuji.llm import native
 from sokuji.llm.chat import ChatTemplate
@@ -269,6 +269,7 @@ class RemoteGenerator(GeneratorModel):
                timing: Timing | None = None) -> RemoteGeneration:  # (the same handle contract)
         if not self.started:
             raise errors.ModelNotReady(f"model '{self.name}' is not ready")
+        self.check_admission()  # (its own bound, atomically with counting it in flight)
         return RemoteGeneration(self, prepared, getattr(prepared, "session", None), ctx,
                                 timing)
 
@@ -314,7 +315,7 @@ class RemoteGeneration(EventQueue):
         self.timing.prompt_tokens = len(prepared.prompt)
         self.timing.submitted_ns = time.perf_counter_ns()
         self.served_by = ""
-        """The LLM replica that generates (``llm_api``: ``x-sokuji-served-by``)."""
+        """The LLM replica that generates (its report: ``x-sokuji-served-by``)."""
         self._finished, self._tokens = False, 0
         self._shift: int | None = None
         """This clock less the replica's offsets (known once the first batch arrived)."""
@@ -322,6 +323,10 @@ class RemoteGeneration(EventQueue):
         model.in_flight += 1
         self._task = asyncio.get_running_loop().create_task(self._run(prepared, session, ctx))
         self._task.add_done_callback(self._done)
+
+    @property
+    def report(self) -> Report:
+        return Report(served_by=self.served_by)
 
     def cancel(self) -> None:
         if not self._finished:

@@ -1,10 +1,13 @@
 """The ASGI application: a direct path for inference, Starlette for the control plane.
 
 Inference (``POST /v2/models/{name}[/versions/{v}]/infer`` and ``POST /v1/embeddings``) is
-served by a plain ASGI handler: body read (bounded) -> codec decode -> the model's
-``prepare`` (tokenise) -> ``submit`` (admission, queue, batcher) -> ``run_batch`` in a worker
-thread -> codec encode -> response with ``Server-Timing``. Generations
-(``/v1/chat/completions``, ``/v1/completions``) go to ``llm_api``. Every such request is
+served by a plain ASGI handler (``inference.py``), the same way for every model that serves
+the route: body read (bounded) -> codec decode -> the model's ``prepare`` (tokenise) ->
+``submit`` (admission, queue, batcher) -> ``run_batch`` in a worker thread -> codec encode
+-> response with ``Server-Timing`` and what the handle's report adds. Generations
+(``/v1/chat/completions``, ``/v1/completions``) go to ``llm_api``; a body streamed in to a
+model serving ``Api.STREAM`` to ``stream.py``. A request's end is counted in
+``accounting.py``. Every such request is
 authenticated once, here, after its method is checked; the tenant then travels in the
 request's ``RequestContext``. Starlette's middleware and router cost ~50-80 us a request on
 this path, as much as everything else Sokuji does, so only the control plane (health,
@@ -23,19 +26,21 @@ from starlette.applications import Starlette
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sokuji.config import ServerConfig
+from sokuji.core import timing
+from sokuji.core.model import Api
 from sokuji.core.request import Stage, Timeline
 from sokuji.errors import (
     ConfigError,
     InvalidInput,
     MethodNotAllowed,
-    ModelNotFound,
     SokujiError,
 )
 from sokuji.observability import tracing
 from sokuji.observability.metrics import Metrics
 from sokuji.observability.observers import Observers
 from sokuji.repository.models import ModelRepository
-from sokuji.server import backends, llm_api, media_http, semantic, v2
+from sokuji.server import backends, llm_api, scheduling, stream, v2
+from sokuji.server.accounting import Accounting
 from sokuji.server.auth import Tenant
 from sokuji.server.control import ControlPlane
 from sokuji.server.failures import ErrorStyle, error_reply, to_error
@@ -44,12 +49,12 @@ from sokuji.server.http import (
     Headers,
     Reply,
 )
-from sokuji.server.inference import Inference
+from sokuji.server.inference import Answer, Inference
 from sokuji.server.jobs import JOBS_PREFIX, JobService
 
 log = logging.getLogger(__name__)
-Endpoint = Callable[[dict[str, str], Headers, Receive, Timeline, Tenant],
-                    Awaitable[tuple[str, bytes, Headers]]]
+Endpoint = Callable[[dict[str, str], Headers, Receive, Timeline, Tenant], Awaitable[Answer]]
+SERVED_BY = "x-sokuji-served-by"
 
 
 Route = tuple[Endpoint, dict[str, str], ErrorStyle]
@@ -65,11 +70,12 @@ class SokujiApp:
                  jobs: JobService | None = None, tracer: tracing.Tracer | None = None) -> None:
         self.inference = inference
         self.auth = inference.auth
-        self.generation = llm_api.Generation(inference.config, inference.repo,
-                                             inference.metrics)
-        self.generation.semantic = inference.semantic
-        self.tracer = self.generation.tracer = tracer
+        self.tracer = tracer
         """Traces (``observability/tracing.py``); None when off: every hook is one test."""
+        self.accounting = Accounting(inference.repo, inference.metrics, tracer)
+        """Where every request's end is counted (``accounting.py``)."""
+        self.generation = llm_api.Generation(inference.config, inference.repo,
+                                             self.accounting)
         self.control_plane = control_plane
         self.control: ControlPlane | None = None
         """The control plane's handlers (set by ``create_app``)."""
@@ -110,9 +116,10 @@ class SokujiApp:
                                        allow=(allowed,))
             tenant = self.auth.authenticate(headers)
         except SokujiError as exc:
+            error = to_error(exc, method, path)
             if route is not None:
-                self._failed(route[1], exc, t0)
-            await error_reply(to_error(exc, method, path), style).send(send)
+                self._failed(route[1], error, t0)
+            await error_reply(error, style).send(send)
             return
         if generation:
             await self.generation(path, headers, receive, send, t0, tenant,
@@ -125,15 +132,32 @@ class SokujiApp:
         elif self.jobs is not None and "respond-async" in headers.get("prefer", ""):
             reply = await self.guard(method, path, {}, self.jobs.submit(
                 path, headers, receive, tenant), style)
-        elif route is not None and media_http.streams(self.inference.repo, route[1], headers):
-            reply = await self.guard(method, path, route[1], media_http.stream(
-                self.inference, route[1], headers, scope.get("query_string", b""), receive,
-                send, t0, tenant), style, t0)
+        elif route is not None and self._streams(route[1], headers):
+            reply = await self.guard(method, path, route[1], self.stream(
+                route[1], headers, scope.get("query_string", b""), receive, send, t0,
+                tenant), style, t0)
         else:
             reply = await self.respond(method, path, headers, receive, t0, tenant, route,
                                        None if self.tracer is None else self._sample(headers))
         if reply is not None:
             await reply.send(send)
+
+    def _streams(self, params: dict[str, str], headers: Headers) -> bool:
+        """A V2 infer request whose body streams in (NDJSON out), to a model serving it."""
+        if "model_name" not in params or not stream.wants_stream(headers):
+            return False
+        model = self.inference.repo.models.get(params["model_name"])
+        return model is not None and Api.STREAM in model.apis
+
+    async def stream(self, params: dict[str, str], headers: Headers, query: bytes,
+                     receive: Receive, send: Send, t0: int, tenant: Tenant) -> None:
+        """A body streamed in, records streamed out (``stream.py``)."""
+        tenant.check_model(params["model_name"])
+        model = self.inference.repo.get_ready(params["model_name"], params.get("version"))
+        ctx = scheduling.context(tenant, headers, {}, t0, model.config.default_timeout_ms)
+        await stream.relay(model.served, self.inference.limit(model), headers, query, ctx,
+                           receive, send)
+        self.accounting.streamed(model, t0)
 
     def _sample(self, headers: Headers) -> tracing.Trace | None:
         """Tracing's decision, once, as the request enters; a traced request's ``Trace``
@@ -149,8 +173,8 @@ class SokujiApp:
         route = self.route(path)
         model = self.inference.repo.models.get(route[1].get("model_name", "")) \
             if route is not None else None
-        own = model.config.max_request_bytes if model is not None else None
-        return own or self.inference.config.max_request_bytes
+        return self.inference.limit(model) if model is not None \
+            else self.inference.config.max_request_bytes
 
     def check_job(self, path: str, body: bytes, tenant: Tenant) -> None:
         """What is known before a job is accepted: its model exists and the tenant may use it.
@@ -179,27 +203,11 @@ class SokujiApp:
             return None
         except Exception as exc:  # noqa: BLE001 - every error, SokujiError or a bug: one mapper
             error = to_error(exc, method, path)
-            self._failed(params, exc, t0)
+            self._failed(params, error, t0)
             return error_reply(error, style)
 
-    def _failed(self, params: dict[str, str], exc: Exception, t0: int | None,
-                tenant: Tenant | SokujiError | None = None) -> None:
-        """Count a failed request against its model's metrics, statistics and SLOs, if
-        known."""
-        name = params.get("model_name", "")
-        if name not in self.inference.repo.models:
-            return
-        if isinstance(exc, SokujiError):
-            self.metrics.requests.labels(name, str(exc.status)).inc()
-        if self.metrics.slo is not None and isinstance(tenant, Tenant):
-            status = exc.status if isinstance(exc, SokujiError) else 500
-            self.metrics.observe_slo(name, tenant.name, None, status)
-        try:
-            model = self.inference.repo.get(name, params.get("version"))
-        except ModelNotFound:  # an unknown version: no statistics to count it in
-            return
-        elapsed_ns = time.perf_counter_ns() - t0 if t0 is not None else 0
-        self.metrics.observe_failure(model.metric_name, elapsed_ns)
+    def _failed(self, params: dict[str, str], error: SokujiError, t0: int | None) -> None:
+        self.accounting.failed(params.get("model_name", ""), params.get("version"), error, t0)
 
     async def respond(self, method: str, path: str, headers: Headers, receive: Receive,
                       t0: int, tenant: Tenant | SokujiError,
@@ -218,37 +226,27 @@ class SokujiApp:
                 raise MethodNotAllowed(f"{method} is not allowed on {path}; use POST")
             if isinstance(tenant, SokujiError):
                 raise tenant
-            model, body, out_headers = await endpoint(params, headers, receive, tl, tenant)
+            model, body, out_headers, report = await endpoint(params, headers, receive, tl,
+                                                              tenant)
         except ClientGone:
             return None
         except Exception as exc:  # noqa: BLE001 - every error, SokujiError or a bug: one mapper
             error = to_error(exc, method, path)
-            self._failed(params, exc, t0, tenant)
-            if trace is not None:  # (tracing: the spans of a failed request)
-                self._end_trace(trace, style, params, "", tl, error.status, path, exc)
+            self.accounting.failed(params.get("model_name", ""), params.get("version"), error,
+                                   t0, tenant.name if isinstance(tenant, Tenant) else None,
+                                   trace, _operation(style), tl, path, exc)
             return error_reply(error, style)
         tl.mark(Stage.ENCODE)
-        if self.metrics.slo is not None:
-            assert isinstance(tenant, Tenant)
-            self.metrics.observe_slo(params["model_name"], tenant.name, tl.total_ns / 1e6, 200)
-        steps = out_headers.get("server-timing")  # a pipeline's steps
-        out_headers["server-timing"] = tl.server_timing() if steps is None \
-            else f"{tl.server_timing()}, {steps}"
-        # Published after the response is written, off the request's own latency.
-        asyncio.get_running_loop().call_soon(self.metrics.observe_request, model, tl, 200)
-        self.metrics.genai.request(_operation(style), params["model_name"], tl.total_ns)
-        if trace is not None:  # (tracing: the request's spans, after the reply)
-            self._end_trace(trace, style, params, model, tl, 200, path)
+        out_headers["server-timing"] = tl.server_timing() if not report.timing \
+            else f"{tl.server_timing()}, {timing.render(report.timing)}"
+        if report.served_by:
+            out_headers[SERVED_BY] = report.served_by
+        if report.headers:
+            out_headers.update(report.headers)
+        assert isinstance(tenant, Tenant)
+        self.accounting.answered(model, tenant.name, tl, _operation(style),
+                                 params["model_name"], path, trace)
         return Reply(200, body, out_headers)
-
-    def _end_trace(self, trace: tracing.Trace, style: ErrorStyle, params: dict[str, str],
-                   model: str, tl: Timeline, status: int, path: str,
-                   exc: Exception | None = None) -> None:
-        """A traced request's spans, made once the reply is out (``tracing_spans.py``)."""
-        assert self.tracer is not None
-        asyncio.get_running_loop().call_soon(
-            self.tracer.end_request, trace, _operation(style), params.get("model_name", ""),
-            model, tl, status, path, exc)
 
 
 def _operation(style: ErrorStyle) -> str:
@@ -273,12 +271,14 @@ def create_app(config: ServerConfig, repo: ModelRepository,
     inference = Inference(config, repo, metrics, cache)
     for i, mc in enumerate(config.models):
         if mc.semantic_cache and mc.name in repo.models:
+            from sokuji.routing import semantic
+
             m = repo.models[mc.name]
-            layer = semantic.build(mc.name, mc.version, m.kind, m.metadata.platform,
-                                   dict(mc.semantic_cache), f"models[{i}].semantic_cache",
-                                   repo.models, config.cache_dir, metrics.routing)
-            if layer is not None:
-                inference.semantic[mc.name] = layer
+            layer = semantic.build(mc.name, mc.version, m.served, dict(mc.semantic_cache),
+                                   f"models[{i}].semantic_cache", repo.models,
+                                   config.cache_dir, metrics.routing)
+            if layer is not None:  # the model, its semantic cache in front
+                m.served = semantic.SemanticModel(m.served, layer)
     cp = ControlPlane(config, repo, metrics, inference.auth)
     jobs = None
     if config.jobs.enabled:

@@ -1,30 +1,46 @@
 """The inference endpoints (V2 infer, OpenAI embeddings) as plain functions of (path
-parameters, headers, body): decode, the tenant's context, the response cache or the model,
-encode. ``app.py`` routes to them and owns the reply; pipelines and media models hand off to
-their own modules."""
+parameters, headers, body), one way for every model that serves them: the tenant's check,
+the model's readiness and admission (before the body), the body under the model's own
+limit, decoded by the one codec (``v2.py``; large bodies off the loop) and adapted by the
+model (``from_tensors``), the request's context, then the response cache or the model
+through the contract (``prepare`` -> ``submit`` -> ``result()``), and the answer encoded
+(``to_tensors`` / ``to_plain``). ``app.py`` routes to them and owns the reply."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import numpy as np
+import orjson
 from starlette.types import Receive
 
 from sokuji.config import ServerConfig
+from sokuji.core import offload
 from sokuji.core.cache import CacheResult, Entry, ResponseCache, cache_key
-from sokuji.core.model import ModelKind, RequestContext
+from sokuji.core.model import (
+    Api,
+    ModelMetadata,
+    Report,
+    RequestContext,
+    ServedModel,
+)
 from sokuji.core.request import Stage, Timeline
-from sokuji.errors import BadRequest, InvalidInput
-from sokuji.models.encoder import EncoderModel
+from sokuji.core.tensor import BYTES, InferRequest, Tensor
 from sokuji.observability.metrics import Metrics
 from sokuji.repository.models import Model, ModelRepository
-from sokuji.server import media_http, openai_api, scheduling, semantic, v2
+from sokuji.server import apis, openai_api, scheduling, uploads, v2
 from sokuji.server.auth import Authenticator, Tenant
 from sokuji.server.http import JSON, Headers, check_content_type, read_body
 
 log = logging.getLogger(__name__)
 VARIANT_HEADER = "x-sokuji-variant"
+CACHED = Report(served_by="cache", cached=True)
+"""The report of an answer the response cache gave (computed for another request)."""
+Answer = tuple[Model, bytes, Headers, Report]
+"""What an endpoint answers: the model (version) that served, the body, its headers, and
+the handle's report (``app.py`` adds the timing and the report's headers)."""
 
 
 class Inference:
@@ -37,181 +53,184 @@ class Inference:
         self.metrics = metrics
         self.cache = cache
         self.auth = Authenticator(config.api_keys)
-        self.semantic: dict[str, semantic.SemanticLayer] = {}
-        """Models with a semantic cache (``semantic.py``), by name."""
 
-    async def _run(self, model: Model, encoder: EncoderModel, texts: list[str],
-                   ctx: RequestContext, cache_control: str) -> tuple[np.ndarray, int, Any]:
-        """Outputs for ``texts`` (from the cache, or through the ``encoder``), the unpadded
-        token count, and for a router the route taken (``routing/attempts.RouteInfo``; None
-        for a model, or an answer from the cache)."""
-        tl = ctx.timeline
-        assert tl is not None
-        if self.semantic and model.name in self.semantic:
-            return await self._run_semantic(model, encoder, texts, ctx, cache_control)
-        variant = model.variant
-        if self.cache is None or not model.config.cache:  # the plain path: no closure
-            if variant:
-                tl.notes[Stage.INFER] = variant
-            prepared = await encoder.prepare(texts, ctx)
-            tl.mark(Stage.PREPROCESS)
-            output = await encoder.submit(prepared, ctx).result()
-            tl.mark(Stage.POSTPROCESS)
-            return output, prepared.num_tokens, getattr(prepared, "route", None)
-        route = None
-
-        async def compute() -> Entry:
-            nonlocal route
-            tl.mark(Stage.CACHE)
-            if variant:
-                tl.notes[Stage.INFER] = variant
-            prepared = await encoder.prepare(texts, ctx)
-            tl.mark(Stage.PREPROCESS)
-            output = await encoder.submit(prepared, ctx).result()
-            tl.mark(Stage.POSTPROCESS)
-            route = getattr(prepared, "route", None)
-            return Entry(output, prepared.num_tokens)
-
-        control = cache_control.lower()
-        key = cache_key(ctx.tenant, model.name, f"{model.version}:{model.variant}", texts)
-        entry, result = await self.cache.get_or_compute(
-            model.name, key, compute, read="no-cache" not in control,
-            store="no-store" not in control)
-        tl.notes[Stage.CACHE] = result.value
-        if result in (CacheResult.HIT, CacheResult.COALESCED):
-            tl.mark(Stage.CACHE)
-        return entry.output, entry.num_tokens, route
-
-    async def _run_semantic(self, model: Model, encoder: EncoderModel, texts: list[str],
-                            ctx: RequestContext, cache_control: str
-                            ) -> tuple[np.ndarray, int, Any]:
-        """``_run`` for a model with a semantic cache: the exact cache first, then the
-        semantic one item by item (``semantic.py``), then the model for the rest."""
-        tl = ctx.timeline
-        assert tl is not None
-        layer = self.semantic[model.name]
-        route: Any = None
-        tokens = 0
-
-        async def infer(sub: list[str], c: RequestContext = ctx) -> np.ndarray:
-            nonlocal route, tokens
-            prepared = await encoder.prepare(sub, c)
-            out = await encoder.submit(prepared, c).result()
-            if c is ctx:
-                route, tokens = getattr(prepared, "route", None), prepared.num_tokens
-            return np.asarray(out)
-
-        async def compute() -> Entry:
-            tl.mark(Stage.CACHE)
-            output, word = await layer.rows(
-                texts, ctx, infer, lambda sub: infer(sub, semantic.prioritised(ctx)))
-            tl.notes[Stage.CACHE] = word
-            tl.mark(Stage.POSTPROCESS)
-            return Entry(output, tokens)
-
-        if self.cache is None or not model.config.cache:
-            entry = await compute()
-            return entry.output, entry.num_tokens, route
-        control = cache_control.lower()
-        key = cache_key(ctx.tenant, model.name, f"{model.version}:{model.variant}", texts)
-        entry, result = await self.cache.get_or_compute(
-            model.name, key, compute, read="no-cache" not in control,
-            store="no-store" not in control)
-        if result in (CacheResult.HIT, CacheResult.COALESCED):
-            tl.notes[Stage.CACHE] = result.value
-            tl.mark(Stage.CACHE)
-        return entry.output, entry.num_tokens, route
+    def limit(self, model: Model) -> int:
+        """The request body limit of ``model``: its own, else the server's."""
+        return model.config.max_request_bytes or self.config.max_request_bytes
 
     async def v2_infer(self, params: dict[str, str], headers: Headers, receive: Receive,
-                       tl: Timeline, tenant: Tenant) -> tuple[str, bytes, Headers]:
-        tenant.check_model(params["model_name"])  # first: 403 tells nothing of other models
-        model = self.repo.get_ready(params["model_name"], params.get("version"))
-        if model.kind is ModelKind.PIPELINE:
-            return await self._pipeline(model, headers, receive, tl, tenant)
-        if model.kind is ModelKind.MEDIA:
-            return await media_http.infer(self, model, headers, receive, tl, tenant)
-        encoder = model.embedder()
-        encoder.check_admission()  # refuse before reading the body
-        header_len = headers.get(v2.HEADER_LENGTH)
-        check_content_type(headers, binary_ok=header_len is not None)
-        body = await read_body(receive, headers, self.config.max_request_bytes)
-        try:
-            length = int(header_len) if header_len is not None else None
-        except ValueError:
-            raise BadRequest(f"Inference-Header-Content-Length {header_len!r} is not an "
-                             "integer") from None
-        req = v2.decode_infer(body, length, model.metadata, model.config.max_batch_size)
+                       tl: Timeline, tenant: Tenant) -> Answer:
+        name = params["model_name"]
+        tenant.check_model(name)  # first: 403 tells nothing of other models
+        model = self.repo.get_ready(name, params.get("version"))
+        if Api.INFER not in model.apis:
+            apis.require(model, Api.INFER, f"/v2/models/{name}/infer")
+        served = model.served
+        served.check_admission()  # refuse before reading the body
+        meta = model.metadata
+        form = uploads.form(headers, meta)
+        limit = self.limit(model)
+        body = await read_body(receive, headers, limit)
+        if form == uploads.V2:
+            length = v2.header_length(headers)
+            # A large body (base64 files) takes milliseconds to parse and decode: off the
+            # event loop, so other requests' replies do not wait for it.
+            request, inputs = await offload.run(_decode, served, body, length, meta) \
+                if len(body) > v2.INLINE_MAX_BYTES else _decode(served, body, length, meta)
+        else:
+            if form == uploads.FORM:
+                body = await uploads.multipart_file(body, headers, limit)
+            request = uploads.request(meta, body, headers)
+            inputs = served.from_tensors(request)
         tl.mark(Stage.DECODE)
-        ctx = scheduling.context(tenant, headers, req.parameters, tl.start_ns,
-                                 model.config.default_timeout_ms, req.request_id, tl)
-        output, _, route = await self._run(model, encoder, req.texts, ctx,
-                                           headers.get("cache-control", ""))
-        payload, out_headers = v2.encode_infer(model.name, model.served_version, req,
-                                               [(model.metadata.outputs[0], output)])
+        ctx = scheduling.context(tenant, headers, request.parameters, tl.start_ns,
+                                 model.config.default_timeout_ms, request.request_id, tl)
+        parts = served.identity(inputs) if self.cache is not None and model.config.cache \
+            else None
+        if parts is None:  # the plain path: no closure, no coroutine of its own
+            if model.variant:
+                tl.notes[Stage.INFER] = model.variant
+            prepared = await served.prepare(inputs, ctx)
+            tl.mark(Stage.PREPROCESS)
+            handle = served.submit(prepared, ctx)
+            result = await handle.result()
+            tl.mark(Stage.POSTPROCESS)
+            report = handle.report
+            if form != uploads.V2:
+                return model, _plain(model, served.to_plain(result)), {"content-type": JSON}, \
+                    report
+            outputs = served.to_tensors(result, report)
+        elif form != uploads.V2:
+            async def plain() -> tuple[Entry, Report]:
+                result, report = await _call(model, served, inputs, ctx)
+                doc = _plain(model, served.to_plain(result))
+                return Entry(np.frombuffer(doc, dtype=np.uint8), 0), report
+
+            entry, report = await self._cached(model, ctx, [*parts, "plain"], plain,
+                                               headers.get("cache-control", ""))
+            return model, entry.output.tobytes(), {"content-type": JSON}, report
+        else:
+            async def tensors() -> tuple[Entry, Report]:
+                result, report = await _call(model, served, inputs, ctx)
+                return _entry(served.to_tensors(result, report), meta, report.input_tokens), \
+                    report
+
+            entry, report = await self._cached(model, ctx, parts, tensors,
+                                               headers.get("cache-control", ""))
+            outputs = _tensors(entry, meta)
+        payload, out_headers = v2.encode_infer(model.name, model.served_version,
+                                               request.request_id, outputs, request.outputs)
         if model.variant:
             out_headers[VARIANT_HEADER] = model.variant
-        if model.config.runtime == "router":
-            served_by(out_headers, route)
-        return model.metric_name, payload, out_headers
-
-    async def _pipeline(self, model: Model, headers: Headers, receive: Receive, tl: Timeline,
-                        tenant: Tenant) -> tuple[str, bytes, Headers]:
-        from sokuji.server import pipeline_api
-
-        pipe = model.pipeline()
-        assert pipe is not None
-        pipe.check_admission()
-        if headers.get(v2.HEADER_LENGTH) is not None:
-            raise BadRequest("pipelines take JSON tensors only, not the binary extension")
-        check_content_type(headers, binary_ok=False)
-        body = await read_body(receive, headers, self.config.max_request_bytes)
-
-        def ctx_of(request_id: str, parameters: dict[str, Any]) -> RequestContext:
-            # No timeline: the steps' models stamp their own; the pipeline's is ``tl``.
-            return scheduling.context(tenant, headers, parameters, tl.start_ns,
-                                      model.config.default_timeout_ms, request_id)
-        payload, out_headers = await pipeline_api.infer(model, pipe, body, headers, ctx_of,
-                                                        tl, self.cache)
-        return model.metric_name, payload, out_headers
+        return model, payload, out_headers, report
 
     async def openai_embeddings(self, params: dict[str, str], headers: Headers,
-                                receive: Receive, tl: Timeline, tenant: Tenant
-                                ) -> tuple[str, bytes, Headers]:
+                                receive: Receive, tl: Timeline, tenant: Tenant) -> Answer:
         check_content_type(headers, binary_ok=False)
         body = await read_body(receive, headers, self.config.max_request_bytes)
         req = openai_api.decode_embeddings(body)
         params["model_name"] = req.model
         tenant.check_model(req.model)
         model = self.repo.get_ready(req.model)
-        if model.metadata.platform == "sokuji_classifier":
-            raise InvalidInput(f"'{req.model}' is a classifier (scores, not embeddings): use "
-                               f"/v2/models/{req.model}/infer", param="model")
+        if Api.EMBED not in model.apis:
+            apis.require(model, Api.EMBED, "/v1/embeddings")
+        served = model.served
+        served.check_admission()  # (the body names the model: admitted once it is read)
         openai_api.check_limits(req, model.config.max_batch_size,
                                 model.metadata.outputs[0].shape[-1])
         tl.mark(Stage.DECODE)
         ctx = scheduling.context(tenant, headers, {}, tl.start_ns,
                                  model.config.default_timeout_ms, timeline=tl)
-        output, num_tokens, route = await self._run(model, model.embedder(), req.texts, ctx,
-                                                    headers.get("cache-control", ""))
+        texts = req.texts
+        parts = served.identity(texts) if self.cache is not None and model.config.cache \
+            else None
+        if parts is None:  # the plain path: no closure, no coroutine of its own
+            if model.variant:
+                tl.notes[Stage.INFER] = model.variant
+            prepared = await served.prepare(texts, ctx)
+            tl.mark(Stage.PREPROCESS)
+            handle = served.submit(prepared, ctx)
+            output = await handle.result()
+            tl.mark(Stage.POSTPROCESS)
+            report = handle.report
+            tokens = report.input_tokens
+        else:
+            async def rows() -> tuple[Entry, Report]:
+                result, report = await _call(model, served, texts, ctx)
+                return Entry(np.asarray(result), report.input_tokens), report
+
+            entry, report = await self._cached(model, ctx, parts, rows,
+                                               headers.get("cache-control", ""))
+            output, tokens = entry.output, entry.num_tokens
         out_headers = {"content-type": JSON}
         if model.variant:
             out_headers[VARIANT_HEADER] = model.variant
-        if model.config.runtime == "router":
-            served_by(out_headers, route)
-        return model.metric_name, openai_api.encode_embeddings(req, output, num_tokens), \
-            out_headers
+        return model, openai_api.encode_embeddings(req, output, tokens), out_headers, report
+
+    async def _cached(self, model: Model, ctx: RequestContext, parts: Sequence[str],
+                      compute: Callable[[], Awaitable[tuple[Entry, Report]]],
+                      cache_control: str) -> tuple[Entry, Report]:
+        """The one response cache of every cached request: key (tenant, model,
+        version:variant, what the model says identifies the input), ``Cache-Control``'s
+        no-cache / no-store, the Timeline's ``cache`` stage and its note."""
+        assert self.cache is not None and ctx.timeline is not None
+        tl = ctx.timeline
+        report = CACHED
+
+        async def run() -> Entry:
+            nonlocal report
+            tl.mark(Stage.CACHE)
+            entry, report = await compute()
+            return entry
+
+        control = cache_control.lower()
+        key = cache_key(ctx.tenant, model.name, f"{model.version}:{model.variant}", parts)
+        entry, result = await self.cache.get_or_compute(
+            model.name, key, run, read="no-cache" not in control,
+            store="no-store" not in control)
+        tl.notes.setdefault(Stage.CACHE, result.value)  # (a semantic cache's word first)
+        if result in (CacheResult.HIT, CacheResult.COALESCED):
+            tl.mark(Stage.CACHE)
+        return entry, report
 
 
-SERVED_BY_HEADER = "x-sokuji-served-by"
+def _decode(served: ServedModel, body: bytes, length: int | None, meta: ModelMetadata
+            ) -> tuple[InferRequest, Any]:
+    """The body as a V2 request and as the model's inputs (on any thread)."""
+    request = v2.decode(body, length, meta)
+    return request, served.from_tensors(request)
 
 
-def served_by(out_headers: Headers, route: Any) -> None:
-    """A router's answer names the target that gave it (``cache`` for the response cache's)
-    and, in ``Server-Timing``, why and what was tried."""
-    if route is None:
-        out_headers[SERVED_BY_HEADER] = "cache"
-        return
-    from sokuji.core import timing
+async def _call(model: Model, served: ServedModel, inputs: Any, ctx: RequestContext
+                ) -> tuple[Any, Report]:
+    """One request through the contract, its Timeline stamped: the result and the report."""
+    tl = ctx.timeline
+    assert tl is not None
+    if model.variant:
+        tl.notes[Stage.INFER] = model.variant
+    prepared = await served.prepare(inputs, ctx)
+    tl.mark(Stage.PREPROCESS)
+    handle = served.submit(prepared, ctx)
+    result = await handle.result()
+    tl.mark(Stage.POSTPROCESS)
+    return result, handle.report
 
-    out_headers[SERVED_BY_HEADER] = route.served_by
-    out_headers["server-timing"] = timing.render([route.timing_entry()])
+
+def _plain(model: Model, doc: dict[str, Any]) -> bytes:
+    return orjson.dumps({"model_name": model.name, "model_version": model.served_version,
+                         **doc}, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def _entry(outputs: list[Tensor], meta: ModelMetadata, tokens: int) -> Entry:
+    """Output tensors as a cache entry: a model whose one output is numeric keeps its array
+    (an encoder's rows: the entry ``/v1/embeddings`` shares); others their packed tensors."""
+    if len(meta.outputs) == 1 and meta.outputs[0].datatype != BYTES:
+        return Entry(np.asarray(outputs[0].data), tokens)
+    return Entry(np.frombuffer(v2.pack(outputs), dtype=np.uint8), tokens)
+
+
+def _tensors(entry: Entry, meta: ModelMetadata) -> list[Tensor]:
+    if len(meta.outputs) == 1 and meta.outputs[0].datatype != BYTES:
+        spec = meta.outputs[0]
+        return [Tensor(spec.name, spec.datatype, entry.output.shape, entry.output)]
+    return v2.unpack(entry.output.tobytes())

@@ -20,20 +20,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Callable
-from typing import Any, ParamSpec, TypeVar
+from typing import ParamSpec, TypeVar, cast
 
 from starlette.types import Receive, Send
 
 from sokuji.config import ServerConfig
 from sokuji.core import offload
+from sokuji.core.model import Api
 from sokuji.errors import SokujiError
 from sokuji.llm.request import Delta, Finish, GenerationHandle
 from sokuji.observability import tracing
-from sokuji.observability.metrics import Metrics
 from sokuji.repository.models import Model, ModelRepository
-from sokuji.server import llm_codec, scheduling
+from sokuji.server import apis, llm_codec, scheduling
+from sokuji.server.accounting import Accounting
 from sokuji.server.auth import Tenant
 from sokuji.server.failures import ErrorStyle, error_reply, to_error
 from sokuji.server.http import ClientGone, Headers, check_content_type, read_body
@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 PATHS = {"/v1/chat/completions": True, "/v1/completions": False}
 SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"),
                (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
+SERVED_BY = "x-sokuji-served-by"
 INLINE_MAX_BYTES = 4 * 1024
 """Bodies up to this size are decoded on the event loop; larger ones in a worker thread."""
 P = ParamSpec("P")
@@ -58,19 +59,17 @@ async def _maybe_off_loop(off: bool, fn: Callable[P, T], *args: P.args,
 
 
 class Generation:
-    def __init__(self, config: ServerConfig, repo: ModelRepository, metrics: Metrics) -> None:
+    def __init__(self, config: ServerConfig, repo: ModelRepository,
+                 accounting: Accounting) -> None:
         self.config = config
         self.repo = repo
-        self.metrics = metrics
-        self.semantic: dict[str, Any] = {}
-        """Models with a semantic cache (``semantic.py``): the app shares its layers."""
-        self.tracer: tracing.Tracer | None = None
-        """Set by the app when tracing is on (``observability/tracing.py``)."""
+        self.accounting = accounting
 
     async def __call__(self, path: str, headers: Headers, receive: Receive, send: Send,
                        t0: int, tenant: Tenant, trace: tracing.Trace | None = None) -> None:
         """``POST`` on ``path`` by ``tenant`` (the method and the caller checked by the app);
         ``trace``: the request is traced."""
+        operation = "chat" if PATHS[path] else "text_completion"
         model_name = ""
         try:
             check_content_type(headers, binary_ok=False)
@@ -80,108 +79,38 @@ class Generation:
             tenant.check_model(req.model)  # before the lookup: 403 tells nothing of others
             model = self.repo.get_ready(req.model)
             model_name = model.name
-            pipe = model.pipeline()
-            gen: GenerationHandle
-            if pipe is not None and pipe.generates:  # a pipeline whose answer is generated
-                pipe.check_admission()
-                ctx = scheduling.context(tenant, headers, {}, t0,
-                                         model.config.default_timeout_ms)
-                prepared_steps = await pipe.prepare(pipe.chat_inputs(req, req.user), ctx)
-                gen = pipe.submit_generation(prepared_steps, ctx, req)
-            else:
-                generator = model.generator()
-                layer = self.semantic.get(model.name)
-                if layer is None:  # (a semantic hit is answered even when the model is full)
-                    generator.check_admission()
-                ctx = scheduling.context(tenant, headers, {}, t0,
-                                         model.config.default_timeout_ms)
-                key = layer.generation_key(req, ctx) if layer is not None else None
-                if layer is not None and key is not None:
-                    gen = await self._semantic(layer, key, generator, req, ctx)
-                else:
-                    if layer is not None:
-                        generator.check_admission()
-                    prepared = await generator.prepare(req, ctx)
-                    gen = generator.submit(prepared, ctx)
+            if Api.GENERATE not in model.apis:
+                apis.require(model, Api.GENERATE, path)
+            served = model.served
+            served.check_admission()
+            ctx = scheduling.context(tenant, headers, {}, t0, model.config.default_timeout_ms)
+            prepared = await served.prepare(req, ctx)
+            # Api.GENERATE: the handle is a generation's stream of events.
+            gen = cast("GenerationHandle", served.submit(prepared, ctx))
         except ClientGone:
             return
         except Exception as exc:  # noqa: BLE001 - refused before submission: one mapper
-            failure = to_error(exc, "POST", path)
-            if model_name:  # Triton statistics: a failure, from arrival to the reply
-                self.metrics.observe_failure(model_name, time.perf_counter_ns() - t0)
-                if self.metrics.slo is not None:
-                    self.metrics.observe_slo(model_name, tenant.name, None, failure.status)
-            await self._error(send, failure, model_name)
-            if trace is not None:  # (tracing: a request refused before submission)
-                self._finished(path, req.model if model_name else "", None, None, None,
-                               failure.status, trace, exc)
+            refusal = to_error(exc, "POST", path)
+            await _reply_error(send, refusal)
+            self.accounting.refused(model_name, tenant.name, refusal, t0, operation, path,
+                                    req.model if model_name else "", trace, exc)
             return
         watcher = asyncio.create_task(self._watch(receive, gen))
-        status = 200
-        finish = None
+        finish: Finish | None = None
+        failure: SokujiError | None = None
         try:
-            finish = await self._respond(send, req, gen, model)
-        except Exception as exc:  # noqa: BLE001 - a failed generation, or a bug: one mapper
+            finish, answered = await self._respond(send, req, gen, model)
+            if not answered:
+                failure = finish.error
+        except Exception as exc:  # noqa: BLE001 - a bug while answering: one mapper
             failure = to_error(exc, "POST", path)
-            status = failure.status
-            await self._error(send, failure, model_name)
         finally:
             gen.cancel()  # a no-op once finished; stops the engine if we got here early
             watcher.cancel()
-        if self.metrics.slo is not None:  # a generator's SLO is on the time to first token
-            timing = gen.timing
-            first = timing.first_token_ns
-            ttft_ms = (first - timing.arrival_ns) / 1e6 if first else None
-            if ttft_ms is not None or status != 200:
-                self.metrics.observe_slo(model_name, tenant.name, ttft_ms, status)
-        self._finished(path, model_name, req, gen, finish, status, trace)
-
-    def _finished(self, path: str, model: str, req: llm_codec.CompletionRequest | None,
-                  gen: GenerationHandle | None, finish: Finish | None, status: int,
-                  trace: tracing.Trace | None, exc: Exception | None = None) -> None:
-        """A generation ended: the GenAI metrics of an answered one (``genai.py``); a traced
-        one's spans, made after the reply (``tracing_spans.py``)."""
-        operation = "chat" if PATHS[path] else "text_completion"
-        if finish is not None and (finish.error is not None or finish.reason == "cancelled"):
-            status = finish.error.status if finish.error is not None else 499  # (streamed)
-        if status == 200 and gen is not None and not getattr(gen, "cached", False):
-            self.metrics.genai.generation(operation, model, gen.timing)
-        if trace is not None:
-            assert self.tracer is not None
-            asyncio.get_running_loop().call_soon(
-                self.tracer.end_generation, trace, operation, model, req,
-                gen.timing if gen is not None else None, finish, status, path, exc)
-
-    async def _semantic(self, layer: Any, key: Any, generator: Any,
-                        req: llm_codec.CompletionRequest, ctx: Any) -> GenerationHandle:
-        """A deterministic request to a model with a semantic cache (``semantic.py``): a
-        hit answers from the cache; a miss generates and stores what it generated."""
-        from sokuji.server import semantic
-
-        hit, vector = await layer.lookup_generation(key, ctx)
-        if hit is not None:
-            text, reason, tokens = hit.value
-
-            async def fresh() -> str:
-                c = semantic.prioritised(ctx)
-                g = generator.submit(await generator.prepare(req, c), c)
-                out = await g.result()
-                return str(getattr(out, "text", out))
-
-            layer.audit_generation(fresh, text)
-            return semantic.CachedGeneration(text, reason, tokens, ctx.arrival_ns,
-                                             hit.similarity)
-        generator.check_admission()
-        gen = generator.submit(await generator.prepare(req, ctx), ctx)
-        return semantic.StoringGeneration(
-            gen, lambda text, reason, n: layer.store_generation(key, vector,
-                                                                (text, reason, n)))
-
-    async def _error(self, send: Send, exc: SokujiError, model: str) -> None:
-        if model:
-            self.metrics.requests.labels(model, str(exc.status)).inc()
-        with contextlib.suppress(OSError):
-            await error_reply(exc, ErrorStyle.OPENAI).send(send)
+        if failure is not None:
+            await _reply_error(send, failure)
+        self.accounting.generated(model_name, tenant.name, gen, finish, failure, operation,
+                                  req, path, trace)
 
     @staticmethod
     async def _watch(receive: Receive, gen: GenerationHandle) -> None:
@@ -192,29 +121,24 @@ class Generation:
                 return
 
     async def _respond(self, send: Send, req: llm_codec.CompletionRequest,
-                       gen: GenerationHandle, model: Model) -> Finish:
-        """Answer ``gen``'s events; its ``Finish`` (a failure is raised instead, unless
-        the stream had begun)."""
+                       gen: GenerationHandle, model: Model) -> tuple[Finish, bool]:
+        """Answer ``gen``'s events: its ``Finish``, and whether it was answered (False: it
+        failed before anything was sent, and the caller answers its error)."""
         enc = llm_codec.Encoder(req, model.name, gen.timing)
         first = await gen.next_events()
-        extra = getattr(gen, "extra", None)  # a pipeline's extra outputs: its sources
-        if extra:
-            enc.extra = {"sources": extra}
-        run = getattr(gen, "run", None)  # a pipeline's steps so far: when each ran
-        steps = [(b"x-sokuji-pipeline-steps", run.steps_header().encode("latin-1"))] \
-            if run is not None else []
-        served_by = getattr(gen, "served_by", None)  # a router's: the target that answers
-        if served_by:
-            steps.append((b"x-sokuji-served-by", served_by.encode("latin-1")))
+        report = gen.report  # known once the first events came
+        if report.outputs:  # extra outputs (a pipeline's steps): the answer's sources
+            enc.extra = {"sources": dict(report.outputs)}
+        steps = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in report.headers.items()]
+        if report.served_by:
+            steps.append((SERVED_BY.encode("latin-1"), report.served_by.encode("latin-1")))
         if isinstance(first[0], Finish):
-            failure = first[0].error
-            if failure is not None or first[0].reason == "cancelled":
-                self._observe(model.name, gen, first[0], error_reply=failure is not None)
-                if failure is not None:
-                    raise failure
-                return first[0]  # cancelled: the client is gone
+            if first[0].error is not None:
+                return first[0], False
+            if first[0].reason == "cancelled":
+                return first[0], True  # the client is gone
         if req.stream:
-            return await self._stream(send, req, gen, enc, first, model.name, steps)
+            return await self._stream(send, req, gen, enc, first, steps), True
         texts: list[str] = []
         pending = first
         while True:
@@ -222,12 +146,10 @@ class Generation:
                 if isinstance(event, Delta):
                     texts.append(event.text)
                     continue
-                failure = event.error
-                self._observe(model.name, gen, event, error_reply=failure is not None)
-                if failure is not None:
-                    raise failure
+                if event.error is not None:
+                    return event, False
                 if event.reason == "cancelled":
-                    return event
+                    return event, True
                 body = enc.whole("".join(texts), event.reason, gen.timing,
                                  event.completion_tokens)
                 headers = [(b"content-type", b"application/json"),
@@ -236,13 +158,13 @@ class Generation:
                             gen.timing.server_timing().encode("latin-1")), *steps]
                 await send({"type": "http.response.start", "status": 200, "headers": headers})
                 await send({"type": "http.response.body", "body": body})
-                return event
+                return event, True
             pending = await gen.next_events()
 
     async def _stream(self, send: Send, req: llm_codec.CompletionRequest,
                       gen: GenerationHandle, enc: llm_codec.Encoder,
-                      pending: list[Delta | Finish], model: str,
-                      headers: list[tuple[bytes, bytes]]) -> Finish:
+                      pending: list[Delta | Finish], headers: list[tuple[bytes, bytes]]
+                      ) -> Finish:
         await send({"type": "http.response.start", "status": 200,
                     "headers": [*SSE_HEADERS, *headers] if headers else SSE_HEADERS})
         if req.chat:
@@ -257,7 +179,6 @@ class Generation:
                 else:
                     done = event
             if done is not None:
-                self._observe(model, gen, done)
                 if done.reason == "cancelled":
                     return done
                 failure = done.error
@@ -278,16 +199,7 @@ class Generation:
                             "more_body": True})
             pending = await gen.next_events()
 
-    def _observe(self, model: str, gen: GenerationHandle, event: Finish,
-                 error_reply: bool = False) -> None:
-        """Generation metrics. The request is counted here too, unless it is answered with
-        an error reply (``error_reply``), which ``_error`` counts."""
-        status = event.error.status if event.error is not None \
-            else 499 if event.reason == "cancelled" else 200
-        if getattr(gen, "cached", False):  # a semantic hit: nothing was generated
-            if not error_reply:
-                self.metrics.requests.labels(model, str(status)).inc()
-            return
-        asyncio.get_running_loop().call_soon(self.metrics.observe_generation, model,
-                                             gen.timing, event.completion_tokens, status,
-                                             not error_reply)
+
+async def _reply_error(send: Send, exc: SokujiError) -> None:
+    with contextlib.suppress(OSError):
+        await error_reply(exc, ErrorStyle.OPENAI).send(send)

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from sokuji.core.model import ModelKind
+from sokuji.core.model import Api
 from sokuji.observability.stats import Duration, StatsSnapshot
 from sokuji.repository.models import Model
 from sokuji.runtimes.base import ModelMetadata, TensorSpec
@@ -51,10 +51,15 @@ def stats_version(model: Model) -> str:
 
 
 def batched(model: Model) -> bool:
-    """Whether the model batches in Triton's sense (``max_batch_size`` > 0): every input
-    leads with the batch dimension."""
-    return model.kind is ModelKind.ENCODER and all(t.shape[:1] == (-1,) for t in
-                                             model.metadata.inputs)
+    """Whether the model batches in Triton's sense (``max_batch_size`` > 0): it batches its
+    requests (``batches``) and every input leads with the batch dimension."""
+    return model.served.batches and all(t.shape[:1] == (-1,) for t in model.metadata.inputs)
+
+
+def decoupled(model: Model) -> bool:
+    """Whether its answers are streams of events (Triton's decoupled transaction policy):
+    it generates, and answers no one-response V2 infer."""
+    return Api.GENERATE in model.apis and Api.INFER not in model.apis
 
 
 def _dims(spec: TensorSpec, batching: bool) -> list[int]:
@@ -85,7 +90,7 @@ def _tensor(spec: TensorSpec, batching: bool, output: bool) -> dict[str, Any]:
     if output:
         doc["label_filename"] = ""
     else:
-        doc.update(format="FORMAT_NONE", allow_ragged_batch=False, optional=False)
+        doc.update(format="FORMAT_NONE", allow_ragged_batch=False, optional=spec.optional)
     doc.update(is_shape_tensor=False, is_non_linear_format_io=False)
     return doc
 
@@ -109,14 +114,14 @@ def model_config(model: Model, primary: Model, response_cache: bool) -> dict[str
         "batch_input": [], "batch_output": [],
         "instance_group": [{
             "name": f"{model.name}_0", "kind": "KIND_CPU",
-            "count": mc.instances if model.kind is ModelKind.ENCODER else 1, "gpus": [],
+            "count": mc.instances if model.served.batches else 1, "gpus": [],
             "secondary_devices": [], "profile": [], "passive": False, "host_policy": ""}],
         "default_model_filename": "", "cc_model_filenames": {}, "metric_tags": {},
         "model_warmup": [],
-        "model_transaction_policy": {"decoupled": model.kind is ModelKind.GENERATOR},
+        "model_transaction_policy": {"decoupled": decoupled(model)},
         "response_cache": {"enable": response_cache and mc.cache and batching},
     }
-    if model.kind is ModelKind.ENCODER:
+    if model.served.batches:
         # Sokuji's batcher is work-conserving: max_queue_delay only applies while another
         # instance of the model is busy (Triton's always does). Priority level 1 is
         # interactive, 2 and above batch.

@@ -1,35 +1,44 @@
-"""Open Inference Protocol (KServe V2) codec, REST, with Triton's binary tensor extension.
+"""Open Inference Protocol (KServe V2) codec, REST, with Triton's binary tensor extension:
+the one codec every model serving V2 infer goes through.
 
-Decoding turns a body into plain data (``V2Request``) or raises ``InvalidInput`` naming the
-field; encoding turns outputs into a body. Binary tensor data: the JSON header is followed by
-raw tensor bytes, its length in the ``Inference-Header-Content-Length`` header; BYTES elements
-are each prefixed with a 4-byte little-endian length.
+Decoding turns a body into an ``InferRequest`` of named ``Tensor``s (``core/tensor.py``),
+checked against the model's metadata before anything is queued, or raises ``InvalidInput``
+(400) naming the field, what was expected and what was received. Every KServe datatype is
+decoded: BOOL, UINT8-64, INT8-64, FP16, FP32, FP64 into numpy arrays, BYTES into a list of
+elements (``str`` from JSON, ``bytes`` from binary data). Work is bounded before it is done:
+a shape's element count is checked against the data actually sent before anything is
+allocated for it. Encoding turns output tensors into a body, each as JSON data or as binary
+data, as the request asked.
+
+Binary tensor data: the JSON header is followed by raw tensor bytes, its length in the
+``Inference-Header-Content-Length`` header; a tensor's bytes are its elements in row-major
+order, little-endian; BYTES elements are each prefixed with a 4-byte little-endian length.
+
+The common encoder request (one JSON input, a flat list of strings) is parsed and checked
+by msgspec in C (``_decode_plain``): ~35 us less than the general path, which decides every
+body the same way (``tests/unit/test_v2_plain_decode.py``).
 """
 
 from __future__ import annotations
 
+import math
 import struct
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from typing import Annotated, Any
 
 import msgspec
 import numpy as np
 import orjson
 
-from sokuji.errors import BadRequest, InvalidInput, TooManyItems
-from sokuji.runtimes.base import ModelMetadata, TensorSpec
+from sokuji.core.model import ModelMetadata, TensorSpec
+from sokuji.core.tensor import BYTES, DATATYPES, DTYPES, InferRequest, Tensor
+from sokuji.errors import BadRequest, InvalidInput
 
 HEADER_LENGTH = "inference-header-content-length"
-
-
-@dataclass
-class V2Request:
-    texts: list[str]
-    request_id: str = ""
-    parameters: dict[str, Any] = field(default_factory=dict)
-    binary_outputs: dict[str, bool] = field(default_factory=dict)
-    """Requested output name -> whether it goes back as binary data."""
+INLINE_MAX_BYTES = 256 * 1024
+"""Bodies up to this size are decoded on the event loop; larger ones (base64 files: ~1 ms a
+MiB) in the preparation pool."""
+_LENGTH = struct.Struct("<I")
 
 
 def brief(value: Any, limit: int = 60) -> str:
@@ -50,44 +59,19 @@ def parse_json(raw: bytes, what: str = "request body") -> Any:
         raise BadRequest(f"malformed JSON in {what}: {exc}") from None
 
 
-def _shape(name: str, raw: Any) -> list[int]:
-    if not isinstance(raw, list) or not all(
-            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in raw):
-        raise InvalidInput(f"input '{name}' has shape {brief(raw)}; expected a list of "
-                           "non-negative integers", param=f"inputs.{name}.shape")
-    return raw
+def header_length(headers: Mapping[str, str]) -> int | None:
+    """The binary extension's JSON header length (None: a JSON body); 400 if not a number."""
+    raw = headers.get(HEADER_LENGTH)
+    if raw is None:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise BadRequest(f"Inference-Header-Content-Length {raw!r} is not an "
+                         "integer") from None
 
 
-def _bytes_elements(name: str, buf: memoryview) -> list[str]:
-    out, pos = [], 0
-    while pos < len(buf):
-        if pos + 4 > len(buf):
-            raise InvalidInput(f"input '{name}': truncated BYTES element length at byte {pos}")
-        (n,) = struct.unpack_from("<I", buf, pos)
-        pos += 4
-        if pos + n > len(buf):
-            raise InvalidInput(f"input '{name}': BYTES element of {n} bytes overruns the data")
-        try:
-            out.append(bytes(buf[pos:pos + n]).decode("utf-8"))
-        except UnicodeDecodeError:
-            raise InvalidInput(f"input '{name}' element {len(out)} is not valid UTF-8",
-                               param=f"inputs.{name}") from None
-        pos += n
-    return out
-
-
-def _json_elements(name: str, data: Any) -> list[str]:
-    if not isinstance(data, list):
-        raise InvalidInput(f"input '{name}' data must be a list", param=f"inputs.{name}.data")
-    flat: list[Any] = []
-    for item in data:
-        flat.extend(item if isinstance(item, list) else (item,))
-    for i, item in enumerate(flat):
-        if not isinstance(item, str):
-            raise InvalidInput(f"input '{name}' element {i} is {type(item).__name__}; "
-                               "BYTES elements must be strings", param=f"inputs.{name}.data")
-    return flat
-
+# -- the fast path -----------------------------------------------------------------------
 
 class _PlainTensor(msgspec.Struct, forbid_unknown_fields=True):
     name: str
@@ -107,49 +91,62 @@ class _PlainRequest(msgspec.Struct, forbid_unknown_fields=True):
 _PLAIN = msgspec.json.Decoder(_PlainRequest)
 
 
-def _decode_plain(body: bytes, meta: ModelMetadata, max_items: int) -> V2Request | None:
-    """The common request (one JSON input, a flat list of strings, shape [N] or [N, 1]),
-    parsed and type-checked in C: a cold request spends ~35 us less here than in the
-    checks below. None for anything else, valid or not: ``decode_infer`` then decodes it
-    the long way, which accepts the same requests and words every refusal."""
+def _decode_plain(body: bytes, meta: ModelMetadata) -> InferRequest | None:
+    """The common request (one JSON BYTES input of the model's one required input, a flat
+    list of strings, shape [N] or [N, 1] where the model takes [-1]), parsed and
+    type-checked in C. None for anything else, valid or not: ``_decode_full`` then decodes
+    it the long way, which accepts the same requests and words every refusal."""
     try:
         doc = _PLAIN.decode(body)
     except msgspec.DecodeError:
         return None
     if len(doc.inputs) != 1:
         return None
-    tensor, spec = doc.inputs[0], meta.inputs[0]
+    tensor = doc.inputs[0]
+    spec = _spec(meta, tensor.name)
     texts, shape = tensor.data, tensor.shape
     n = len(texts)
-    if tensor.name != spec.name or tensor.datatype != spec.datatype or not 0 < n <= max_items \
-            or (shape != [n] and shape != [n, 1]) \
+    if spec is None or spec.datatype != BYTES or tensor.datatype != BYTES \
+            or spec.shape != (-1,) or (shape != [n] and shape != [n, 1]) \
+            or (len(meta.inputs) > 1
+                and any(s is not spec and not s.optional for s in meta.inputs)) \
             or (tensor.parameters and "binary_data_size" in tensor.parameters):
         return None
     parameters = doc.parameters if doc.parameters is not None else {}
     all_binary = parameters.get("binary_data_output", False)
     if not isinstance(all_binary, bool):
         return None
-    return V2Request(texts=texts, request_id=doc.id, parameters=parameters,
-                     binary_outputs=_requested_outputs(doc.outputs, meta, all_binary))
+    return InferRequest(
+        {tensor.name: Tensor(tensor.name, BYTES, tuple(shape), texts,
+                             tensor.parameters or {})},
+        doc.id, parameters, _requested_outputs(doc.outputs, meta, all_binary))
 
 
-def decode_infer(body: bytes, header_length: int | None, meta: ModelMetadata,
-                 max_items: int) -> V2Request:
-    """Decode an infer request for a model with one BYTES input."""
-    if header_length is None:
-        plain = _decode_plain(body, meta, max_items)
+def _spec(meta: ModelMetadata, name: str) -> TensorSpec | None:
+    for spec in meta.inputs:
+        if spec.name == name:
+            return spec
+    return None
+
+
+# -- decoding ------------------------------------------------------------------------------
+
+def decode(body: bytes, head_length: int | None, meta: ModelMetadata) -> InferRequest:
+    """Decode an infer request for a model described by ``meta``; ``head_length``: the
+    binary extension's JSON header length (None: the whole body is JSON)."""
+    if head_length is None:
+        plain = _decode_plain(body, meta)
         if plain is not None:
             return plain
-    return _decode_full(body, header_length, meta, max_items)
+    return _decode_full(body, head_length, meta)
 
 
-def _decode_full(body: bytes, header_length: int | None, meta: ModelMetadata,
-                 max_items: int) -> V2Request:
-    if header_length is not None:
-        if not 0 < header_length <= len(body):
-            raise BadRequest(f"Inference-Header-Content-Length {header_length} does not fit "
+def _decode_full(body: bytes, head_length: int | None, meta: ModelMetadata) -> InferRequest:
+    if head_length is not None:
+        if not 0 < head_length <= len(body):
+            raise BadRequest(f"Inference-Header-Content-Length {head_length} does not fit "
                              f"a body of {len(body)} bytes")
-        head, binary = body[:header_length], memoryview(body)[header_length:]
+        head, binary = body[:head_length], memoryview(body)[head_length:]
     else:
         head, binary = body, memoryview(b"")
     doc = parse_json(head)
@@ -163,63 +160,188 @@ def _decode_full(body: bytes, header_length: int | None, meta: ModelMetadata,
     if not isinstance(all_binary, bool):
         raise InvalidInput(f"parameter 'binary_data_output' must be a boolean, got "
                            f"{brief(all_binary)}", param="parameters.binary_data_output")
-    inputs = doc.get("inputs")
-    if not isinstance(inputs, list) or not inputs:
-        raise InvalidInput("'inputs' must be a non-empty list", param="inputs")
-
-    spec: TensorSpec = meta.inputs[0]
-    texts: list[str] | None = None
+    raw_inputs = doc.get("inputs")
+    required = [s.name for s in meta.inputs if not s.optional]
+    if not isinstance(raw_inputs, list) or not raw_inputs:
+        needs = f" (the model needs input '{required[0]}')" if required else ""
+        raise InvalidInput(f"'inputs' must be a non-empty list{needs}", param="inputs")
+    inputs: dict[str, Tensor] = {}
     offset = 0
-    for tensor in inputs:
-        if not isinstance(tensor, dict) or not isinstance(tensor.get("name"), str):
+    for raw in raw_inputs:
+        if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
             raise InvalidInput("each input must be an object with a string 'name'",
                                param="inputs")
-        name = tensor["name"]
-        if name != spec.name:
-            raise InvalidInput(f"unexpected input {brief(name)}; the model takes: {spec.name}",
+        name = raw["name"]
+        spec = _spec(meta, name)
+        if spec is None:
+            known = ", ".join(s.name for s in meta.inputs) or "no inputs"
+            raise InvalidInput(f"unexpected input {brief(name)}; the model takes: {known}",
                                param="inputs")
-        if texts is not None:
+        if name in inputs:
             raise InvalidInput(f"input '{name}' given twice", param="inputs")
-        datatype = tensor.get("datatype")
-        if datatype != spec.datatype:
-            raise InvalidInput(f"input '{name}' has datatype {brief(datatype)}; expected "
-                               f"{spec.datatype}", param=f"inputs.{name}.datatype")
-        shape = _shape(name, tensor.get("shape"))
-        tparams = _object(tensor, "parameters", f"input '{name}' parameters",
-                          f"inputs.{name}.parameters")
-        size = tparams.get("binary_data_size")
-        if size is not None:
-            if isinstance(size, bool) or not isinstance(size, int) or size < 0 \
-                    or offset + size > len(binary):
-                raise InvalidInput(f"input '{name}' binary_data_size {brief(size)} does not fit "
-                                   f"the {len(binary) - offset} binary bytes left",
-                                   param=f"inputs.{name}.parameters.binary_data_size")
-            texts = _bytes_elements(name, binary[offset:offset + size])
-            offset += size
-        elif "data" in tensor:
-            texts = _json_elements(name, tensor["data"])
-        else:
-            raise InvalidInput(f"input '{name}' has neither 'data' nor binary data")
-        count = 1
-        for dim in shape:
-            count *= dim
-        if len(shape) not in (1, 2) or (len(shape) == 2 and shape[1] != 1) \
-                or count != len(texts):
-            raise InvalidInput(f"input '{name}' has shape {shape} with {len(texts)} elements; "
-                               f"expected [N] or [N, 1] holding N elements",
-                               param=f"inputs.{name}.shape")
+        tensor, used = _tensor(raw, spec, binary[offset:], len(body))
+        offset += used
+        inputs[name] = tensor
     if offset != len(binary):
         raise InvalidInput(f"{len(binary) - offset} bytes of binary data belong to no input")
-    assert texts is not None
-    if not texts:
-        raise InvalidInput(f"input '{spec.name}' is empty: nothing to infer",
-                           param=f"inputs.{spec.name}")
-    if len(texts) > max_items:
-        raise TooManyItems(f"input '{spec.name}' has {len(texts)} items; this model takes at "
-                           f"most {max_items} per request", param=f"inputs.{spec.name}")
+    missing = [name for name in required if name not in inputs]
+    if missing:
+        raise InvalidInput(f"the model needs input '{missing[0]}'", param=missing[0])
+    return InferRequest(inputs, request_id, parameters,
+                        _requested_outputs(doc.get("outputs"), meta, all_binary))
 
-    return V2Request(texts=texts, request_id=request_id, parameters=parameters,
-                     binary_outputs=_requested_outputs(doc.get("outputs"), meta, all_binary))
+
+def _tensor(raw: dict[str, Any], spec: TensorSpec, binary: memoryview, body_size: int
+            ) -> tuple[Tensor, int]:
+    """One input tensor, checked against ``spec``, and the binary bytes it used."""
+    name = spec.name
+    datatype = raw.get("datatype")
+    if not isinstance(datatype, str) or datatype not in DATATYPES:
+        raise InvalidInput(f"input '{name}' has unsupported datatype {brief(datatype)} (the "
+                           f"KServe datatypes: {', '.join(sorted(DATATYPES))})",
+                           param=f"inputs.{name}.datatype")
+    if datatype != spec.datatype:
+        raise InvalidInput(f"input '{name}' has datatype {brief(datatype)}; expected "
+                           f"{spec.datatype}", param=f"inputs.{name}.datatype")
+    shape = _shape(name, raw.get("shape"))
+    count = _count(shape, body_size)
+    params = _object(raw, "parameters", f"input '{name}' parameters",
+                     f"inputs.{name}.parameters")
+    size = params.get("binary_data_size")
+    used = 0
+    if size is not None:
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0 \
+                or size > len(binary):
+            raise InvalidInput(f"input '{name}' binary_data_size {brief(size)} does not fit "
+                               f"the {len(binary)} binary bytes left",
+                               param=f"inputs.{name}.parameters.binary_data_size")
+        data = _binary_data(name, datatype, shape, count, binary[:size])
+        used = size
+    elif "data" in raw:
+        data = _json_data(name, datatype, shape, count, raw["data"])
+    else:
+        raise InvalidInput(f"input '{name}' has neither 'data' nor binary data")
+    if not _fits(shape, spec.shape):
+        raise InvalidInput(f"input '{name}' has shape {list(shape)}; expected "
+                           f"{_expected(spec.shape)} (-1: any size)",
+                           param=f"inputs.{name}.shape")
+    return Tensor(name, datatype, shape, data, params, binary=size is not None), used
+
+
+def _shape(name: str, raw: Any) -> tuple[int, ...]:
+    if not isinstance(raw, list) or not all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in raw):
+        raise InvalidInput(f"input '{name}' has shape {brief(raw)}; expected a list of "
+                           "non-negative integers", param=f"inputs.{name}.shape")
+    return tuple(raw)
+
+
+def _count(shape: tuple[int, ...], body_size: int) -> int:
+    """The element count of ``shape``, or ``body_size + 1`` once it exceeds what a body of
+    that size could hold (every element takes at least a byte): never a huge number."""
+    count = 1
+    for dim in shape:
+        count *= dim
+        if count > body_size:
+            return 0 if 0 in shape else body_size + 1
+    return count
+
+
+def _mismatch(name: str, shape: tuple[int, ...], have: str) -> InvalidInput:
+    return InvalidInput(f"input '{name}' has shape {list(shape)} with {have}; the shape does "
+                        "not match its data", param=f"inputs.{name}.shape")
+
+
+def _binary_data(name: str, datatype: str, shape: tuple[int, ...], count: int,
+                 buf: memoryview) -> Any:
+    if datatype == BYTES:
+        if count > len(buf) // 4:
+            raise _mismatch(name, shape, f"{len(buf)} bytes of BYTES data")
+        out: list[bytes] = []
+        pos = 0
+        while pos < len(buf):
+            if pos + 4 > len(buf):
+                raise InvalidInput(f"input '{name}': truncated BYTES element length at byte "
+                                   f"{pos}")
+            (n,) = _LENGTH.unpack_from(buf, pos)
+            pos += 4
+            if pos + n > len(buf):
+                raise InvalidInput(f"input '{name}': BYTES element of {n} bytes overruns "
+                                   "the data")
+            out.append(bytes(buf[pos:pos + n]))
+            pos += n
+        if len(out) != count:
+            raise _mismatch(name, shape, f"{len(out)} elements")
+        return out
+    dtype = DTYPES[datatype]
+    if len(buf) != count * dtype.itemsize:
+        raise _mismatch(name, shape, f"{len(buf)} bytes of {datatype} data "
+                        f"({dtype.itemsize} a element)")
+    return np.frombuffer(buf, dtype=dtype).reshape(shape)
+
+
+def _flat(data: list[Any]) -> list[Any]:
+    """Nested lists (row-major) flattened; a flat list as it is."""
+    if not any(isinstance(x, list) for x in data):
+        return data
+    out: list[Any] = []
+    stack = [iter(data)]
+    while stack:
+        for item in stack[-1]:
+            if isinstance(item, list):
+                stack.append(iter(item))
+                break
+            out.append(item)
+        else:
+            stack.pop()
+    return out
+
+
+_KINDS = {"BOOL": (bool,), **{t: (int,) for t in DTYPES if t[0] in "UI"},
+          **{t: (int, float) for t in DTYPES if t.startswith("FP")}}
+_WORDS = {"BOOL": "booleans", **{t: "integers" for t in DTYPES if t[0] in "UI"},
+          **{t: "numbers" for t in DTYPES if t.startswith("FP")}}
+
+
+def _json_data(name: str, datatype: str, shape: tuple[int, ...], count: int,
+               data: Any) -> Any:
+    if not isinstance(data, list):
+        raise InvalidInput(f"input '{name}' data must be a list", param=f"inputs.{name}.data")
+    flat = _flat(data)
+    if len(flat) != count:
+        raise _mismatch(name, shape, f"{len(flat)} elements")
+    if datatype == BYTES:
+        for i, item in enumerate(flat):
+            if not isinstance(item, str):
+                raise InvalidInput(f"input '{name}' element {i} is {type(item).__name__}; "
+                                   "BYTES elements must be strings",
+                                   param=f"inputs.{name}.data")
+        return flat
+    kinds = _KINDS[datatype]
+    for i, item in enumerate(flat):
+        if not isinstance(item, kinds) or (isinstance(item, bool) and datatype != "BOOL"):
+            raise InvalidInput(f"input '{name}' element {i} is {type(item).__name__}; "
+                               f"{datatype} elements must be {_WORDS[datatype]}",
+                               param=f"inputs.{name}.data")
+    try:
+        return np.array(flat, dtype=DTYPES[datatype]).reshape(shape)
+    except OverflowError:
+        raise InvalidInput(f"input '{name}' has an element out of the range of {datatype}",
+                           param=f"inputs.{name}.data") from None
+
+
+def _fits(shape: tuple[int, ...], spec: tuple[int, ...]) -> bool:
+    """``shape`` is ``spec``'s, -1 dimensions free; or ``spec``'s with a trailing 1 (one
+    element per batch entry: Triton's clients send a [-1] input as [N, 1])."""
+    if len(shape) == len(spec) + 1 and shape[-1] == 1:
+        shape = shape[:-1]
+    return len(shape) == len(spec) and all(s in (-1, d) for d, s in zip(shape, spec,
+                                                                         strict=True))
+
+
+def _expected(spec: tuple[int, ...]) -> str:
+    one = list(spec)
+    return f"{one} or {[*one, 1]}" if len(spec) == 1 else str(one)
 
 
 def _object(doc: dict[str, Any], key: str, what: str, param: str) -> dict[str, Any]:
@@ -233,8 +355,8 @@ def _object(doc: dict[str, Any], key: str, what: str, param: str) -> dict[str, A
 
 
 def _requested_outputs(outputs: Any, meta: ModelMetadata, all_binary: bool) -> dict[str, bool]:
-    """Requested output name -> binary or not. No ``outputs``: every output, binary as the
-    request-level ``binary_data_output`` says."""
+    """Requested output name -> binary or not, in the model's order. No ``outputs``: every
+    output, binary as the request-level ``binary_data_output`` says."""
     known = [o.name for o in meta.outputs]
     if outputs is None:
         return dict.fromkeys(known, all_binary)
@@ -257,35 +379,82 @@ def _requested_outputs(outputs: Any, meta: ModelMetadata, all_binary: bool) -> d
                                f"got {brief(binary)}",
                                param=f"outputs.{name}.parameters.binary_data")
         chosen[name] = binary
-    return chosen
+    return {name: chosen[name] for name in known if name in chosen}
 
 
-def encode_infer(model_name: str, version: str, request: V2Request,
-                 outputs: Sequence[tuple[TensorSpec, np.ndarray]]) -> tuple[bytes, dict[str, str]]:
-    """Body and extra headers of an infer response; binary outputs follow the JSON header."""
-    doc: dict[str, Any] = {"model_name": model_name, "model_version": version}
-    if request.request_id:
-        doc["id"] = request.request_id
-    tensors, blobs = [], []
-    for spec, array in outputs:
-        if spec.name not in request.binary_outputs:
+# -- encoding ------------------------------------------------------------------------------
+
+def _blob(tensor: Tensor) -> bytes:
+    """The tensor's binary data."""
+    if tensor.datatype == BYTES:
+        raw = [e if isinstance(e, bytes) else str(e).encode("utf-8") for e in tensor.data]
+        return b"".join(_LENGTH.pack(len(r)) + r for r in raw)
+    return np.ascontiguousarray(tensor.data, dtype=DTYPES[tensor.datatype]).tobytes()
+
+
+def _json(tensor: Tensor) -> Any:
+    """The tensor's JSON data (flat, row-major)."""
+    if tensor.datatype == BYTES:
+        return [e.decode("utf-8", "replace") if isinstance(e, bytes) else e
+                for e in tensor.data]
+    return np.ascontiguousarray(tensor.data, dtype=DTYPES[tensor.datatype]).reshape(-1)
+
+
+def encode_outputs(outputs: Sequence[Tensor], wanted: Mapping[str, bool]
+                   ) -> tuple[list[dict[str, Any]], list[bytes]]:
+    """The V2 output objects for the tensors ``wanted`` names (in ``outputs``' order), each
+    with JSON data or, where ``wanted`` says binary, the binary data that follows."""
+    docs, blobs = [], []
+    for tensor in outputs:
+        binary = wanted.get(tensor.name)
+        if binary is None:
             continue
-        array = np.ascontiguousarray(array, dtype=np.float32)
-        tensor: dict[str, Any] = {"name": spec.name, "datatype": spec.datatype,
-                                  "shape": list(array.shape)}
-        if request.binary_outputs[spec.name]:
-            blob = array.tobytes()
-            tensor["parameters"] = {"binary_data_size": len(blob)}
+        doc: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype,
+                               "shape": list(tensor.shape)}
+        if binary:
+            blob = _blob(tensor)
+            doc["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
         else:
-            tensor["data"] = array.reshape(-1)
-        tensors.append(tensor)
-    doc["outputs"] = tensors
+            doc["data"] = _json(tensor)
+        docs.append(doc)
+    return docs, blobs
+
+
+def encode_infer(model_name: str, version: str, request_id: str,
+                 outputs: Sequence[Tensor], wanted: Mapping[str, bool]
+                 ) -> tuple[bytes, dict[str, str]]:
+    """Body and headers of an infer response; binary outputs follow the JSON header."""
+    doc: dict[str, Any] = {"model_name": model_name, "model_version": version}
+    if request_id:
+        doc["id"] = request_id
+    doc["outputs"], blobs = encode_outputs(outputs, wanted)
     head = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
     if not blobs:
         return head, {"content-type": "application/json"}
     return b"".join([head, *blobs]), {"content-type": "application/octet-stream",
-                                      "inference-header-content-length": str(len(head))}
+                                      HEADER_LENGTH: str(len(head))}
+
+
+def pack(outputs: Sequence[Tensor]) -> bytes:
+    """Tensors as one byte string (their header, then their binary data): how the response
+    cache keeps a model's outputs (``unpack`` reverses it)."""
+    docs, blobs = encode_outputs(outputs, dict.fromkeys((t.name for t in outputs), True))
+    head = orjson.dumps(docs)
+    return _LENGTH.pack(len(head)) + head + b"".join(blobs)
+
+
+def unpack(raw: bytes) -> list[Tensor]:
+    (n,) = _LENGTH.unpack_from(raw, 0)
+    offset, out = 4 + n, []
+    for doc in orjson.loads(raw[4:4 + n]):
+        size = doc["parameters"]["binary_data_size"]
+        shape = tuple(doc["shape"])
+        buf = memoryview(raw)[offset:offset + size]
+        offset += size
+        out.append(Tensor(doc["name"], doc["datatype"], shape, _binary_data(
+            doc["name"], doc["datatype"], shape, math.prod(shape), buf)))
+    return out
 
 
 def model_metadata(name: str, versions: Sequence[str], meta: ModelMetadata) -> dict[str, Any]:

@@ -99,6 +99,7 @@ class _Crop:
 class OcrEngine:
     input_name = "image"
     stage_names = STAGES
+    streams = False
 
     def __init__(self, name: str, options: OcrOptions) -> None:
         self.name = name
@@ -106,7 +107,7 @@ class OcrEngine:
         self.limits = media_image.ImageLimits(max_pixels=o.max_pixels, max_side=o.max_side)
         self.metadata = ModelMetadata(
             platform="onnxruntime_ocr",
-            inputs=(TensorSpec("image", "BYTES", (-1,)),),
+            inputs=(TensorSpec("image", "BYTES", (-1,), media_types=media_image.MEDIA_TYPES),),
             outputs=(TensorSpec("text", "BYTES", (-1,)), TensorSpec("boxes", "FP32", (-1, 4, 2)),
                      TensorSpec("scores", "FP32", (-1,)),
                      TensorSpec("image_index", "INT32", (-1,))))
@@ -208,6 +209,9 @@ class OcrEngine:
                 ("boxes", "FP32", [n, 4, 2], boxes),
                 ("scores", "FP32", [n], np.array([ln.score for _, ln in lines], np.float32)),
                 ("image_index", "INT32", [n], np.array([i for i, _ in lines], np.int32))]
+
+    def open_stream(self, content_type: str, params: Mapping[str, str]) -> Any:
+        raise NotImplementedError("an image is decoded whole")
 
     def plain(self, result: Any) -> dict[str, Any]:
         return {"lines": [{"text": ln.text, "score": ln.score, "box": ln.box.tolist()}

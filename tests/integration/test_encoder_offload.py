@@ -26,7 +26,7 @@ class TokenizerSpy:
 
     def __init__(self, client: TestClient, probe: bool) -> None:
         self.client, self.probe = client, probe
-        self.runtime = client.app.inference.repo.get("minilm").embedder().runtime  # type: ignore[attr-defined]
+        self.runtime = client.app.inference.repo.get("minilm").served.runtime  # type: ignore[attr-defined]
         self.real = self.runtime._tokenizer
         self.calls: list[tuple[int, int]] = []
         self.probe_status: int | str | None = None
@@ -94,7 +94,7 @@ def test_a_long_text_is_tokenised_while_the_loop_serves_others(minilm: TestClien
 
 def test_a_huge_text_that_cannot_be_cut_is_refused_after_reading_only_its_prefix(
         minilm: TestClient) -> None:
-    runtime = minilm.app.inference.repo.get("minilm").embedder().runtime  # type: ignore[attr-defined]
+    runtime = minilm.app.inference.repo.get("minilm").served.runtime  # type: ignore[attr-defined]
     huge = " " * 4_000_000 + f"hello {uuid.uuid4()}"  # whitespace: no token in the cut
     with TokenizerSpy(minilm, probe=False) as spy:
         r = embed(minilm, ["fine", huge])

@@ -39,7 +39,7 @@ def chat(client: TestClient, headers: dict[str, str]) -> Any:
 
 
 def test_a_generation_cannot_rise_above_the_tenants_ceiling(llm: TestClient) -> None:
-    engine = llm.app.inference.repo.models["smollm2"].generator().engine  # type: ignore[attr-defined]
+    engine = llm.app.inference.repo.models["smollm2"].served.engine  # type: ignore[attr-defined]
     seen: list[Priority] = []
     submit = engine.submit
 
@@ -87,7 +87,7 @@ def test_readiness_turns_503_when_the_engine_thread_dies() -> None:
                     client.get("/v2/models/smollm2/ready").status_code)
 
         assert ready() == (200, 200, 200)
-        engine = client.app.inference.repo.models["smollm2"].generator().engine  # type: ignore[attr-defined]
+        engine = client.app.inference.repo.models["smollm2"].served.engine  # type: ignore[attr-defined]
 
         def broken(entries: object) -> int:
             raise ZeroDivisionError("a bug inside the engine loop")

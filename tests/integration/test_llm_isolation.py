@@ -93,7 +93,7 @@ def inproc() -> Iterator[tuple[TestClient, Any]]:
     metrics = Metrics()
     repo = ModelRepository.load(config, on_batch=metrics.batch_observer)
     with TestClient(create_app(config, repo, metrics), raise_server_exceptions=False) as c:
-        yield c, repo.get("smollm2").generator().runtime
+        yield c, repo.get("smollm2").served.runtime  # type: ignore[attr-defined]
 
 
 class TokenizerSpy:

@@ -75,7 +75,7 @@ def test_a_long_text_embeds_as_the_whole_text_though_it_is_cut(minilm: TestClien
     reads it), and sentence-transformers' own."""
     from sokuji.runtimes.base import Prepared
 
-    runtime = minilm.app.inference.repo.get("minilm").embedder().runtime  # type: ignore[attr-defined]
+    runtime = minilm.app.inference.repo.get("minilm").served.runtime  # type: ignore[attr-defined]
     text = " ".join(SENTENCES) * 150
     assert len(text) > runtime.max_text_chars  # the cut is the only way it can be served
     r = minilm.post("/v1/embeddings", json={"model": "minilm", "input": text})

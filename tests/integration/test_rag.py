@@ -103,7 +103,8 @@ def test_served_retrieval_finds_the_answers(client: openai.OpenAI) -> None:
 @pytest.mark.parametrize(("inputs", "why"), [
     ([], "needs input 'question'"),
     ([{"name": "question", "datatype": "BYTES", "shape": [1], "data": ["q"]},
-      {"name": "city", "datatype": "BYTES", "shape": [1], "data": ["x"]}], "no input 'city'"),
+      {"name": "city", "datatype": "BYTES", "shape": [1], "data": ["x"]}],
+     "unexpected input 'city'"),
     ([{"name": "question", "datatype": "BYTES", "shape": [1], "data": ["   "]}],
      "step 'retrieve': 'query' must be a non-empty string"),
 ])

@@ -78,6 +78,8 @@ def test_entries_round_trip_through_bytes() -> None:
     back = Entry.from_bytes(e.to_bytes())
     np.testing.assert_array_equal(back.output, e.output)
     assert back.num_tokens == 17
+    packed = Entry(np.frombuffer(b"packed tensors", dtype=np.uint8), 0)  # dtype "|u1"
+    assert Entry.from_bytes(packed.to_bytes()).output.tobytes() == b"packed tensors"
 
 
 def test_keys_separate_tenants_models_versions_and_item_boundaries() -> None:

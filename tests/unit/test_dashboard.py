@@ -128,8 +128,8 @@ def test_since_and_the_ring(sampled: tuple[Metrics, Sampler]) -> None:
         sampler.tick()
     doc = orjson.loads(sampler.since(None))
     assert doc["seq"] == 5 and [p["seq"] for p in doc["points"]] == [3, 4, 5]  # keep=3
-    assert doc["models"] == [{"name": "synth", "kind": "encoder", "runtime": "synthetic",
-                              "max_batch_size": 8}]
+    assert doc["models"] == [{"name": "synth", "apis": ["infer", "embed"],
+                              "runtime": "synthetic", "max_batch_size": 8}]
     assert [p["seq"] for p in orjson.loads(sampler.since(4))["points"]] == [5]
     assert orjson.loads(sampler.since(5))["points"] == []
     assert [p["seq"] for p in orjson.loads(sampler.since(0))["points"]] == [3, 4, 5]

@@ -5,11 +5,13 @@ the synthetic model and Python steps defined here."""
 from __future__ import annotations
 
 import asyncio
+import os
 import tempfile
 import time
 from collections.abc import Iterator
 from typing import Any, ClassVar
 
+import msgspec
 import pytest
 from starlette.testclient import TestClient
 
@@ -197,7 +199,7 @@ def test_independent_steps_run_concurrently_and_each_is_timed(diamond: TestClien
 def test_metadata_and_metrics_of_a_pipeline(diamond: TestClient) -> None:
     meta = diamond.get("/v2/models/diamond").json()
     assert meta["platform"] == "sokuji_pipeline"
-    assert [i["name"] for i in meta["inputs"]] == ["question"]
+    assert [i["name"] for i in meta["inputs"]] == ["question", "user", "messages"]
     assert [o["name"] for o in meta["outputs"]] == ["join", "right"]
     assert infer(diamond, "diamond", "x").status_code == 200
     assert infer(diamond, "failing", "x").status_code == 502
@@ -244,14 +246,14 @@ def test_the_request_deadline_bounds_every_step(diamond: TestClient) -> None:
     ({"inputs": []}, "needs input 'question'"),
     ({"inputs": [{"name": "question", "datatype": "BYTES", "shape": [1], "data": ["a"]},
                  {"name": "nope", "datatype": "BYTES", "shape": [1], "data": ["a"]}]},
-     "has no input 'nope'"),
+     "unexpected input 'nope'"),
     ({"inputs": [{"name": "question", "datatype": "BYTES", "shape": [2], "data": ["a"]}]},
      "does not match"),
     ({"inputs": [{"name": "question", "datatype": "BYTES", "shape": [1], "data": [1]}]},
      "must be strings"),
     ({"inputs": [{"name": "question", "datatype": "FOO", "shape": [1], "data": ["a"]}]},
      "unsupported datatype"),
-    ({"inputs": "x"}, "'inputs' list"),
+    ({"inputs": "x"}, "'inputs' must be a non-empty list"),
 ])
 def test_bad_inputs_get_a_400_naming_them(diamond: TestClient, body: Any, why: str) -> None:
     r = diamond.post("/v2/models/diamond/infer", json=body)
@@ -259,8 +261,11 @@ def test_bad_inputs_get_a_400_naming_them(diamond: TestClient, body: Any, why: s
 
 
 def test_binary_tensors_are_refused(diamond: TestClient) -> None:
-    r = diamond.post("/v2/models/diamond/infer", content=b"{}",
-                     headers={"Inference-Header-Content-Length": "2",
+    blob = b"\x01\x00\x00\x00q"
+    head = b'{"inputs":[{"name":"question","datatype":"BYTES","shape":[1],' \
+        b'"parameters":{"binary_data_size":5}}]}'
+    r = diamond.post("/v2/models/diamond/infer", content=head + blob,
+                     headers={"Inference-Header-Content-Length": str(len(head)),
                               "Content-Type": "application/octet-stream"})
     assert r.status_code == 400 and "binary" in r.json()["error"]
 
@@ -279,10 +284,12 @@ def test_whole_answers_come_from_the_response_cache(diamond: TestClient) -> None
 
 def test_a_pipeline_is_not_an_encoder_or_a_generator(diamond: TestClient) -> None:
     r = diamond.post("/v1/embeddings", json={"model": "diamond", "input": "x"})
-    assert r.status_code == 400 and "is a pipeline" in r.json()["error"]["message"]
+    assert r.status_code == 400 and "does not serve /v1/embeddings" in \
+        r.json()["error"]["message"]
     r = diamond.post("/v1/chat/completions", json={
         "model": "diamond", "messages": [{"role": "user", "content": "hi"}]})
-    assert r.status_code == 400 and "does not generate" in r.json()["error"]["message"]
+    assert r.status_code == 400 and "does not serve /v1/chat/completions" in \
+        r.json()["error"]["message"]
 
 
 async def test_admission_bounds_the_requests_in_flight() -> None:
@@ -294,8 +301,7 @@ async def test_admission_bounds_the_requests_in_flight() -> None:
     repo = ModelRepository.load(config)
     repo.start()
     try:
-        pipe = repo.models["one"].pipeline()
-        assert pipe is not None
+        pipe = repo.models["one"].served
         ctx = RequestContext("t", Priority.INTERACTIVE, None, time.perf_counter_ns())
         prepared = await pipe.prepare({"question": "q"}, ctx)
         Meeting.arrived["right"] = asyncio.Event()  # right waits for left; left ...
@@ -348,3 +354,24 @@ async def test_feature_ids_are_namespaced_by_tenant_when_keys_exist() -> None:
     assert store.asked == ["acme:ada", "globex:ada", "globex:acme:ada", "ada"]
     with pytest.raises(InvalidInput):
         await step({"entity_id": "x" * 257}, ctx("acme"), None)
+
+
+@pytest.mark.skipif(not os.environ.get("SOKUJI_TEST_REDIS_URL"),
+                    reason="SOKUJI_TEST_REDIS_URL not set")
+def test_whole_answers_are_cached_in_redis_too() -> None:
+    """A pipeline's packed output tensors round-trip through the Redis backend."""
+    Meeting.arrived = {}
+    CALLS.clear()
+    url = os.environ["SOKUJI_TEST_REDIS_URL"]
+    config = cfg.validate(msgspec.structs.replace(
+        server(PipelineConfig(name="diamond", steps=DIAMOND, extra_outputs=("right",)),
+               cache=True),
+        cache=cfg.CacheConfig(backend="redis", redis_url=url)))
+    question = f"redis {time.time_ns()}?"
+    with client_for(config) as c:
+        first = infer(c, "diamond", question)
+        Meeting.arrived = {}
+        second = infer(c, "diamond", question)
+    assert first.status_code == second.status_code == 200, first.text
+    assert first.json()["outputs"] == second.json()["outputs"]
+    assert CALLS["join"] == 1 and 'desc="hit"' in second.headers["server-timing"]

@@ -12,6 +12,7 @@ import orjson
 import pytest
 
 from sokuji.core.model import ModelMetadata, TensorSpec
+from sokuji.core.tensor import InferRequest
 from sokuji.errors import SokujiError
 from sokuji.server import v2
 
@@ -82,9 +83,9 @@ BODIES: list[bytes] = [
 ]
 
 
-def full(body: bytes) -> v2.V2Request | SokujiError:
+def full(body: bytes) -> InferRequest | SokujiError:
     try:
-        return v2._decode_full(body, None, META, MAX_ITEMS)
+        return v2._decode_full(body, None, META)
     except SokujiError as exc:
         return exc
 
@@ -93,7 +94,7 @@ def full(body: bytes) -> v2.V2Request | SokujiError:
 def test_the_fast_path_decides_as_the_full_decoder(body: bytes) -> None:
     expected = full(body)
     try:
-        plain = v2._decode_plain(body, META, MAX_ITEMS)
+        plain = v2._decode_plain(body, META)
     except SokujiError as exc:  # only what the full path raises too, worded alike
         assert isinstance(expected, SokujiError) and str(exc) == str(expected)
         return
@@ -103,9 +104,9 @@ def test_the_fast_path_decides_as_the_full_decoder(body: bytes) -> None:
     assert plain == expected
 
 
-def plain_or_none(body: bytes) -> v2.V2Request | None:
+def plain_or_none(body: bytes) -> InferRequest | None:
     try:
-        return v2._decode_plain(body, META, MAX_ITEMS)
+        return v2._decode_plain(body, META)
     except SokujiError:
         return None
 
@@ -122,7 +123,7 @@ def test_the_common_requests_take_the_fast_path() -> None:
 def test_item_counts_and_shapes(n: int, shape: Any) -> None:
     dims = [n] if shape == "n" else [n, 1] if shape == "n1" else shape
     body = variant(data=[f"t{i}" for i in range(n)], shape=dims)
-    plain = v2._decode_plain(body, META, MAX_ITEMS)
+    plain = v2._decode_plain(body, META)
     expected = full(body)
     if plain is not None:
         assert plain == expected

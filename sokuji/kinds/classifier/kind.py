@@ -9,6 +9,7 @@ from pathlib import Path
 import msgspec
 
 from sokuji.config import ModelConfig, ServerConfig
+from sokuji.core.model import Api
 from sokuji.errors import ConfigError
 from sokuji.kinds.kind import BuildEnv, Built, Kind
 from sokuji.models.encoder import EncoderModel
@@ -66,8 +67,9 @@ class ClassifierKind(Kind):
         runtime.load()
         if model.warmup:
             runtime.warmup()
+        # Scores, not embeddings: V2 infer only.
         return Built(EncoderModel.over(runtime, model, env.server.slos, model.name,
-                                       env.on_batch))
+                                       env.on_batch, apis=frozenset({Api.INFER})))
 
 
 KIND = ClassifierKind()

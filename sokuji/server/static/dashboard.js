@@ -19,12 +19,12 @@ function sloFor(name) {
 }
 
 function buildModel(m, stages, genStages) {
-  const gen = m.kind === "generator";
+  const gen = m.apis.includes("generate") && !m.apis.includes("infer");
   const card = el("section", "model");
   card.dataset.model = m.name;
   const head = el("div", "model-head");
   const batch = m.max_batch_size ? ` · max batch ${m.max_batch_size}` : "";
-  head.append(el("h2", null, m.name), el("span", "kind", `${m.kind} · ${m.runtime}${batch}`));
+  head.append(el("h2", null, m.name), el("span", "kind", `${m.apis.join("+")} · ${m.runtime}${batch}`));
   const tiles = el("div", "tiles");
   const tileDefs = [["ok", "answers/s", "", true], ["p99", "p99", "ms"],
                     ["err", "5xx/s", "", true], ["shed", "429/s", "", true],

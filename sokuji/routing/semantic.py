@@ -1,5 +1,7 @@
-"""The semantic cache in the request path (``core/semantic_cache.py`` is its store): after
-the exact cache, per model, off unless the model's ``semantic_cache.enabled``.
+"""The semantic cache in the request path (``core/semantic_cache.py`` is its store): a
+served model in front of the model it caches (``SemanticModel``: the same name, apis and
+tensors), so every protocol reaches it through the contract and after the exact cache; per
+model, off unless the model's ``semantic_cache.enabled``.
 
 - Classifiers (and routers over them): each item is embedded by the configured embedder
   (an encoder model, through the model contract), looked up in the tenant's scope; the items
@@ -26,14 +28,24 @@ import hashlib
 import json
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from sokuji.core.model import ModelKind, RequestContext, ServedModel
-from sokuji.core.request import Priority
+from sokuji.core.model import (
+    Api,
+    Capacity,
+    ModelBase,
+    ModelMetadata,
+    Report,
+    RequestContext,
+    ServedModel,
+)
+from sokuji.core.request import Priority, Stage
 from sokuji.core.semantic_cache import SemanticCache
+from sokuji.core.tensor import InferRequest, Tensor
 from sokuji.errors import ConfigError, SokujiError
 from sokuji.llm.request import Delta, Finish, Timing
 from sokuji.routing.config import SemanticCacheConfig
@@ -170,8 +182,7 @@ class CachedGeneration:
         now = time.perf_counter_ns()
         self.timing = Timing(arrival_ns, submitted_ns=now, admitted_ns=now,
                              first_token_ns=now, end_ns=now, prefix_lookup="off")
-        self.served_by = f"cache semantic {similarity:.3f}"
-        self.cached = True
+        self.report = Report(served_by=f"cache semantic {similarity:.3f}", cached=True)
         """Not a generation: no generation metrics (the request is counted)."""
         self._events: list[Any] = [Delta(text, tokens), Finish(reason, tokens)]
 
@@ -191,9 +202,10 @@ class StoringGeneration:
         self.timing = gen.timing
         self.on_done = on_done
         self.texts: list[str] = []
-        for name in ("served_by", "run", "extra"):
-            if hasattr(gen, name):
-                setattr(self, name, getattr(gen, name))
+
+    @property
+    def report(self) -> Report:
+        return self.gen.report
 
     async def next_events(self) -> list[Any]:
         events = await self.gen.next_events()
@@ -208,24 +220,175 @@ class StoringGeneration:
         self.gen.cancel()
 
 
-def build(model_name: str, version: str, kind: ModelKind, platform: str,
-          table: dict[str, Any], at: str, models: dict[str, Any], cache_dir: str,
-          metrics: Any) -> SemanticLayer | None:
-    """The layer of a model whose ``semantic_cache`` is enabled; None otherwise."""
+@dataclass(frozen=True)
+class _Direct:
+    """A generation that may not be cached (sampled), prepared by the model."""
+
+    prepared: Any
+
+
+@dataclass(frozen=True)
+class _Hit:
+    hit: Any
+    inputs: Any
+
+
+@dataclass(frozen=True)
+class _Miss:
+    prepared: Any
+    key: tuple[tuple[str, ...], str]
+    vector: np.ndarray
+
+
+class SemanticModel(ModelBase):
+    """``inner`` with its semantic cache in front: a served model of the same name, apis
+    and tensors. A classifier's items are looked up one by one (``rows``); a deterministic
+    generation as a whole, before the model is asked (a hit is answered even when the model
+    is full: admission is then the model's own ``submit``'s)."""
+
+    def __init__(self, inner: ServedModel, layer: SemanticLayer) -> None:
+        self.inner = inner
+        self.layer = layer
+        self.apis = inner.apis
+        self.batches = inner.batches
+        self.generates = Api.GENERATE in inner.apis
+        self.metadata: ModelMetadata = inner.metadata
+
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
+
+    @property
+    def alive(self) -> bool:
+        return self.inner.alive
+
+    @property
+    def num_waiting(self) -> int:
+        return self.inner.num_waiting
+
+    def capacity(self) -> Capacity:
+        return self.inner.capacity()
+
+    def check_admission(self) -> None:
+        if not self.generates:
+            self.inner.check_admission()
+
+    def from_tensors(self, request: InferRequest) -> Any:
+        return self.inner.from_tensors(request)
+
+    def to_tensors(self, result: Any, report: Report) -> list[Tensor]:
+        return self.inner.to_tensors(result, report)
+
+    def identity(self, inputs: Any) -> Sequence[str] | None:
+        return self.inner.identity(inputs)
+
+    async def prepare(self, inputs: Any, ctx: RequestContext) -> Any:
+        if not self.generates:
+            return inputs  # the items are looked up when submitted
+        key = self.layer.generation_key(inputs, ctx)
+        if key is None:
+            return _Direct(await self.inner.prepare(inputs, ctx))
+        hit, vector = await self.layer.lookup_generation(key, ctx)
+        if hit is not None:
+            return _Hit(hit, inputs)
+        return _Miss(await self.inner.prepare(inputs, ctx), key, vector)
+
+    def submit(self, prepared: Any, ctx: RequestContext) -> Any:
+        if not self.generates:
+            return SemanticRows(self, prepared, ctx)
+        if isinstance(prepared, _Direct):
+            return self.inner.submit(prepared.prepared, ctx)
+        if isinstance(prepared, _Hit):
+            text, reason, tokens = prepared.hit.value
+            inner, inputs = self.inner, prepared.inputs
+
+            async def fresh() -> str:
+                c = prioritised(ctx)
+                out = await inner.submit(await inner.prepare(inputs, c), c).result()
+                return str(out.text)
+
+            self.layer.audit_generation(fresh, text)
+            return CachedGeneration(text, reason, tokens, ctx.arrival_ns,
+                                    prepared.hit.similarity)
+        key, vector, layer = prepared.key, prepared.vector, self.layer
+        return StoringGeneration(self.inner.submit(prepared.prepared, ctx),
+                                 lambda text, reason, n: layer.store_generation(
+                                     key, vector, (text, reason, n)))
+
+    def attach(self, observers: Any) -> None:
+        self.inner.attach(observers)
+
+    def neighbours(self, busy: Callable[[], bool]) -> None:
+        self.inner.neighbours(busy)
+
+    def start(self) -> None:
+        self.inner.start()
+
+    async def stop(self) -> None:
+        await self.inner.stop()
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class SemanticRows:
+    """A classifier's request: the items that hit take the cached row, the others are
+    computed together (and stored). ``result()`` runs in the caller's task."""
+
+    def __init__(self, model: SemanticModel, texts: list[str], ctx: RequestContext) -> None:
+        self.model = model
+        self.texts = texts
+        self.ctx = ctx
+        self._report = Report(served_by="cache semantic", cached=True)
+
+    async def result(self) -> np.ndarray:
+        ctx, inner = self.ctx, self.model.inner
+        tl = ctx.timeline
+
+        async def infer(sub: list[str], c: RequestContext = ctx) -> np.ndarray:
+            if c is ctx and tl is not None:
+                tl.mark(Stage.CACHE)  # the lookups; the model's own stages follow
+            handle = inner.submit(await inner.prepare(sub, c), c)
+            out = await handle.result()
+            if c is ctx:
+                self._report = handle.report
+            return np.asarray(out)
+
+        output, word = await self.model.layer.rows(
+            self.texts, ctx, infer, lambda sub: infer(sub, prioritised(ctx)))
+        if tl is not None:
+            tl.notes[Stage.CACHE] = word
+        return output
+
+    @property
+    def report(self) -> Report:
+        """The model's for the items it computed; a cache hit's when every item hit."""
+        return self._report
+
+    def cancel(self) -> None:
+        pass
+
+
+def build(model_name: str, version: str, model: ServedModel, table: dict[str, Any], at: str,
+          models: dict[str, Any], cache_dir: str, metrics: Any) -> SemanticLayer | None:
+    """The layer of a model whose ``semantic_cache`` is enabled; None otherwise. For
+    classifiers (a row of scores per text) and generators only."""
     from sokuji.routing.config import parse_semantic_cache
 
     cfg = parse_semantic_cache(table, at, {n: m.config.runtime for n, m in models.items()})
     if not cfg.enabled:
         return None
-    if kind is ModelKind.ENCODER and platform != "sokuji_classifier":
+    if Api.EMBED in model.apis:
         raise ConfigError(f"Config '{at}': a semantic cache is for classifiers and "
                           "generators: an encoder's output is the embedding itself",
                           param=at)
-    if kind not in (ModelKind.ENCODER, ModelKind.GENERATOR):
-        raise ConfigError(f"Config '{at}': no semantic cache for {kind} models", param=at)
+    if model.apis != {Api.GENERATE} and not (model.batches and model.apis == {Api.INFER}):
+        served = "+".join(a.value for a in Api if a in model.apis)
+        raise ConfigError(f"Config '{at}': no semantic cache for a model serving {served}: "
+                          "it is for classifiers and generators", param=at)
     embedder = models[cfg.embedder]
-    if embedder.kind is not ModelKind.ENCODER or embedder.metadata.platform == \
-            "sokuji_classifier":
+    if Api.EMBED not in embedder.apis:
         raise ConfigError(f"Config '{at}.embedder': '{cfg.embedder}' is not an encoder",
                           param=f"{at}.embedder")
     if isinstance(cfg.threshold, float):
