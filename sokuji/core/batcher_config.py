@@ -1,5 +1,5 @@
 """The batcher's settings: plain data (the config layer makes them from a model's config:
-``models/encoder.batcher_config``)."""
+``kinds/encoder/model.batcher_config``)."""
 
 from __future__ import annotations
 

@@ -47,7 +47,7 @@ def load_pipeline(pc: PipelineConfig, at: str, config: ServerConfig,
 def _embedder(encoder: ServedModel | None) -> Any:
     """The served encoder's runtime, batched by its batcher's budgets (``embed_corpus``: the
     batcher itself is not started while the models load)."""
-    from sokuji.models.encoder import EncoderModel
+    from sokuji.kinds.encoder.model import EncoderModel
     from sokuji.runtimes.corpus_embedding import embed_corpus
 
     if not isinstance(encoder, EncoderModel):

@@ -1,7 +1,7 @@
 """The small interface every encoder runtime implements (the plain data it exchanges lives in
 ``core``: ``Prepared``, ``ModelMetadata``, ``TensorSpec``).
 
-``models/encoder.py`` wraps a runtime and its batcher into a served model. A runtime is
+``kinds/encoder/model.py`` wraps a runtime and its batcher into a served model. A runtime is
 loaded once, warmed up once, then called: ``preprocess`` per request, on the event loop for
 short inputs and in a worker thread for long ones (so it must be thread-safe, and bound its
 own cost however long a text is), ``run_batch`` in a worker thread (heavy; the runtime must

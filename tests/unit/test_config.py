@@ -321,9 +321,9 @@ def test_batcher_and_engine_defaults_are_the_schemas() -> None:
     from dataclasses import fields
 
     from sokuji.core.batcher import BatcherConfig
+    from sokuji.kinds.encoder.model import batcher_config
     from sokuji.llm.engine import EngineConfig
     from sokuji.llm.options import LlamaOptions
-    from sokuji.models.encoder import batcher_config
 
     default = cfg.ModelConfig(name="m")
     own = {"policy", "worker_nice", "slo"}

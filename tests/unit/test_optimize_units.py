@@ -11,7 +11,7 @@ import pytest
 
 from sokuji import config as cfg
 from sokuji.errors import ConfigError
-from sokuji.models import variants as served
+from sokuji.kinds.encoder import variants as served
 from sokuji.optimize import pipeline, quality
 from sokuji.weights import variant_index
 

@@ -201,9 +201,9 @@ def test_an_async_submission_with_the_wrong_method_is_a_405_with_allow(synth: Te
 def with_variants() -> Any:
     """A model serving variant "fp32", with "int8" and "opt" as versions, the way
     the ``onnx`` kind arranges ONNX variants (here over the synthetic runtime)."""
+    from sokuji.kinds.encoder.model import EncoderModel
     from sokuji.kinds.kind import Built
     from sokuji.kinds.synthetic.kind import KIND
-    from sokuji.models.encoder import EncoderModel
     from sokuji.observability.metrics import Metrics
     from sokuji.repository.models import Model, ModelRepository
     from sokuji.runtimes.synthetic import SyntheticRuntime

@@ -11,8 +11,8 @@ import msgspec
 from sokuji.config import ModelConfig, ServerConfig
 from sokuji.core.model import Api
 from sokuji.errors import ConfigError
+from sokuji.kinds.encoder.model import EncoderModel
 from sokuji.kinds.kind import BuildEnv, Built, Kind
-from sokuji.models.encoder import EncoderModel
 from sokuji.runtimes.classifier import (
     BUILTIN_PROTOTYPES,
     ENCODERS,

@@ -1,4 +1,4 @@
-"""Kind ``onnx``: builds an ``EncoderModel`` (``models/encoder.py``) over an
+"""Kind ``onnx``: builds an ``EncoderModel`` (``kinds/encoder/model.py``) over an
 ``OnnxEncoderRuntime`` per servable variant file; the variant chosen by ``variant`` serves
 the model, the others answer as its V2 versions."""
 
@@ -10,9 +10,9 @@ from typing import Any
 
 from sokuji.config import DEFAULT_MODEL_NAME, ModelConfig, ServerConfig
 from sokuji.errors import ConfigError
+from sokuji.kinds.encoder import variants
+from sokuji.kinds.encoder.model import EncoderModel
 from sokuji.kinds.kind import BuildEnv, Built, Kind
-from sokuji.models import variants
-from sokuji.models.encoder import EncoderModel
 
 log = logging.getLogger(__name__)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from sokuji.config import ModelConfig, ServerConfig
 from sokuji.errors import ConfigError
+from sokuji.kinds.encoder.model import EncoderModel
 from sokuji.kinds.kind import BuildEnv, Built, Kind
-from sokuji.models.encoder import EncoderModel
 from sokuji.runtimes.synthetic import SyntheticOptions, SyntheticRuntime
 
 
