@@ -26,6 +26,7 @@ from typing import Any
 from sokuji import http_client
 from sokuji.config import ServerConfig
 from sokuji.errors import ConfigError
+from sokuji.kinds.generator.kind import generators
 from sokuji.scale import ray_env
 
 log = logging.getLogger("sokuji.ray")
@@ -102,7 +103,7 @@ def serve_on_ray(config: ServerConfig, address: str | None = None) -> int:
                         "RAY_SERVE_ENABLE_HA_PROXY=1 in its environment")
         serve.start(http_options={"host": host, "port": port})
         llm: dict[str, Any] = {}
-        if rc.llm_affinity and any(m.runtime == "llama" for m in config.models):
+        if rc.llm_affinity and generators(config):
             from sokuji.scale.ray_llm import llm_deployments
 
             llm = llm_deployments(config, ray_env.config_builtins(config))

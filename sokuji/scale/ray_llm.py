@@ -47,6 +47,7 @@ from sokuji.core import policy
 from sokuji.core.events import Delta, EventQueue, Finish
 from sokuji.core.model import Capacity, GenerationInput, Report, RequestContext
 from sokuji.core.request import Priority
+from sokuji.kinds.generator.kind import KIND, build_generator, generators
 from sokuji.llm import native
 from sokuji.llm.chat import ChatTemplate
 from sokuji.llm.generator import GeneratorModel, PreparedGeneration
@@ -78,7 +79,6 @@ class LLMReplica:
 
     async def __init__(  # type: ignore[misc]  # (Ray actors may construct asynchronously)
             self, config_builtins: dict[str, Any], model: str) -> None:
-        from sokuji.kinds.generator.kind import KIND, build_generator
         from sokuji.scale.ray_env import config_from_builtins
 
         config = config_from_builtins(config_builtins)
@@ -124,7 +124,8 @@ class LLMReplica:
 
 def llm_deployments(config: ServerConfig, config_builtins: dict[str, Any],
                     ) -> dict[str, Application]:
-    """A bound ``LLMReplica`` deployment per ``llama`` model (none without ``llm_affinity``)."""
+    """A bound ``LLMReplica`` deployment per generator (``kinds/generator``; none without
+    ``llm_affinity``)."""
     ray = config.ray
     if not ray.llm_affinity:
         return {}
@@ -132,9 +133,7 @@ def llm_deployments(config: ServerConfig, config_builtins: dict[str, Any],
         request_router_class=ROUTER,  # type: ignore[arg-type]  # (a str is documented)
         request_router_kwargs={"num_virtual_nodes": 100, "num_fallback_replicas": 1})
     out: dict[str, Application] = {}
-    for mc in config.models:
-        if mc.runtime != "llama":
-            continue
+    for mc in generators(config):
         options: dict[str, Any] = {
             "name": f"llm-{mc.name}", "num_replicas": ray.llm_replicas,
             "max_ongoing_requests": ray.llm_max_ongoing_requests,
@@ -154,7 +153,7 @@ def remote_generators(config: ServerConfig, handles: Mapping[str, DeploymentHand
                       ) -> dict[str, RemoteGenerator]:
     """The served model of each generator that has a deployment (by model name)."""
     return {name: RemoteGenerator(mc, config, handles[name])
-            for mc in config.models if mc.runtime == "llama" and (name := mc.name) in handles}
+            for mc in generators(config) if (name := mc.name) in handles}
 
 
 class _Vocab(native.LlamaModel):

@@ -22,6 +22,7 @@ from typing import Any
 
 from sokuji.core.model import Api
 from sokuji.observability.stats import Duration, StatsSnapshot
+from sokuji.repository import registry
 from sokuji.repository.models import Model
 from sokuji.runtimes.base import ModelMetadata, TensorSpec
 
@@ -30,8 +31,6 @@ DATA_TYPES = {"BOOL": "TYPE_BOOL", "UINT8": "TYPE_UINT8", "UINT16": "TYPE_UINT16
               "INT16": "TYPE_INT16", "INT32": "TYPE_INT32", "INT64": "TYPE_INT64",
               "FP16": "TYPE_FP16", "FP32": "TYPE_FP32", "FP64": "TYPE_FP64",
               "BF16": "TYPE_BF16", "BYTES": "TYPE_STRING"}
-BACKENDS = {"onnx": "onnxruntime"}
-"""Triton's backend name where it has one for the same engine; else Sokuji's runtime name."""
 STAT_FIELDS = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output",
                "cache_hit", "cache_miss")
 
@@ -106,7 +105,7 @@ def model_config(model: Model, primary: Model, response_cache: bool) -> dict[str
         params["variant"] = model.variant
     doc: dict[str, Any] = {
         "name": model.name, "platform": meta.platform,
-        "backend": BACKENDS.get(mc.runtime, mc.runtime), "runtime": "",
+        "backend": registry.get(mc.runtime).triton_backend or mc.runtime, "runtime": "",
         "version_policy": {"all": {}} if primary.variants else {"latest": {"num_versions": 1}},
         "max_batch_size": mc.max_batch_size if batching else 0,
         "input": [_tensor(t, batching, output=False) for t in meta.inputs],

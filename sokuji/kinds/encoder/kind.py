@@ -19,6 +19,7 @@ log = logging.getLogger(__name__)
 
 class EncoderKind(Kind):
     variants = True
+    triton_backend = "onnxruntime"
 
     def check(self, model: ModelConfig, options: Any, at: str, config: ServerConfig) -> None:
         if model.path is None and model.name != DEFAULT_MODEL_NAME:

@@ -13,6 +13,7 @@ from sokuji.config import DEFAULT_LLM_NAME, ModelConfig, ServerConfig
 from sokuji.errors import ConfigError
 from sokuji.kinds.kind import BuildEnv, Built, Kind
 from sokuji.llm.options import LlamaOptions
+from sokuji.repository import registry
 
 
 class GeneratorKind(Kind):
@@ -81,6 +82,12 @@ def build_generator(model: ModelConfig, options: LlamaOptions, server: ServerCon
     if model.warmup:
         runtime.warmup()
     return GeneratorModel(model, runtime)
+
+
+def generators(config: ServerConfig) -> list[ModelConfig]:
+    """The configured models of this kind: on Ray with ``llm_affinity``, each gets
+    deployments of its own (``scale/ray_llm.py``)."""
+    return [mc for mc in config.models if registry.get(mc.runtime) is KIND]
 
 
 KIND = GeneratorKind()
