@@ -192,7 +192,6 @@ def _first_run(job: MediaJob) -> int | None:
 
 
 class MediaModel(ModelBase):
-
     def __init__(self, config: ModelConfig, engine: MediaEngine) -> None:
         self.config = config
         self.engine = engine
@@ -208,6 +207,14 @@ class MediaModel(ModelBase):
         """Files submitted and not done (waiting or running)."""
         self._started = False
         self._loop: asyncio.AbstractEventLoop | None = None
+
+    @classmethod
+    def over(cls, config: ModelConfig, engine: MediaEngine) -> MediaModel:
+        """``engine`` loaded (and warmed up, unless the config says not to) under a model."""
+        engine.load()
+        if config.warmup:
+            engine.warmup()
+        return cls(config, engine)
 
     @property
     def name(self) -> str:

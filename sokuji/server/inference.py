@@ -27,10 +27,10 @@ from sokuji.core.model import (
     ServedModel,
 )
 from sokuji.core.request import Stage, Timeline
-from sokuji.core.tensor import BYTES, InferRequest, Tensor
+from sokuji.core.tensor import InferRequest
 from sokuji.observability.metrics import Metrics
 from sokuji.repository.models import Model, ModelRepository
-from sokuji.server import apis, openai_api, scheduling, uploads, v2
+from sokuji.server import apis, cache_entries, openai_api, scheduling, uploads, v2
 from sokuji.server.auth import Authenticator, Tenant
 from sokuji.server.http import JSON, Headers, check_content_type, read_body
 
@@ -112,12 +112,13 @@ class Inference:
         else:
             async def tensors() -> tuple[Entry, Report]:
                 result, report = await _call(model, served, inputs, ctx)
-                return _entry(served.to_tensors(result, report), meta, report.input_tokens), \
+                return cache_entries.entry(served.to_tensors(result, report), meta,
+                                            report.input_tokens), \
                     report
 
             entry, report = await self._cached(model, ctx, parts, tensors,
                                                headers.get("cache-control", ""))
-            outputs = _tensors(entry, meta)
+            outputs = cache_entries.tensors(entry, meta)
         payload, out_headers = v2.encode_infer(model.name, model.served_version,
                                                request.request_id, outputs, request.outputs)
         if model.variant:
@@ -219,18 +220,3 @@ async def _call(model: Model, served: ServedModel, inputs: Any, ctx: RequestCont
 def _plain(model: Model, doc: dict[str, Any]) -> bytes:
     return orjson.dumps({"model_name": model.name, "model_version": model.served_version,
                          **doc}, option=orjson.OPT_SERIALIZE_NUMPY)
-
-
-def _entry(outputs: list[Tensor], meta: ModelMetadata, tokens: int) -> Entry:
-    """Output tensors as a cache entry: a model whose one output is numeric keeps its array
-    (an encoder's rows: the entry ``/v1/embeddings`` shares); others their packed tensors."""
-    if len(meta.outputs) == 1 and meta.outputs[0].datatype != BYTES:
-        return Entry(np.asarray(outputs[0].data), tokens)
-    return Entry(np.frombuffer(v2.pack(outputs), dtype=np.uint8), tokens)
-
-
-def _tensors(entry: Entry, meta: ModelMetadata) -> list[Tensor]:
-    if len(meta.outputs) == 1 and meta.outputs[0].datatype != BYTES:
-        spec = meta.outputs[0]
-        return [Tensor(spec.name, spec.datatype, entry.output.shape, entry.output)]
-    return v2.unpack(entry.output.tobytes())

@@ -21,7 +21,6 @@ body the same way (``tests/unit/test_v2_plain_decode.py``).
 
 from __future__ import annotations
 
-import math
 import struct
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any
@@ -215,7 +214,7 @@ def _tensor(raw: dict[str, Any], spec: TensorSpec, binary: memoryview, body_size
             raise InvalidInput(f"input '{name}' binary_data_size {brief(size)} does not fit "
                                f"the {len(binary)} binary bytes left",
                                param=f"inputs.{name}.parameters.binary_data_size")
-        data = _binary_data(name, datatype, shape, count, binary[:size])
+        data = binary_data(name, datatype, shape, count, binary[:size])
         used = size
     elif "data" in raw:
         data = _json_data(name, datatype, shape, count, raw["data"])
@@ -252,7 +251,7 @@ def _mismatch(name: str, shape: tuple[int, ...], have: str) -> InvalidInput:
                         "not match its data", param=f"inputs.{name}.shape")
 
 
-def _binary_data(name: str, datatype: str, shape: tuple[int, ...], count: int,
+def binary_data(name: str, datatype: str, shape: tuple[int, ...], count: int,
                  buf: memoryview) -> Any:
     if datatype == BYTES:
         if count > len(buf) // 4:
@@ -434,27 +433,6 @@ def encode_infer(model_name: str, version: str, request_id: str,
         return head, {"content-type": "application/json"}
     return b"".join([head, *blobs]), {"content-type": "application/octet-stream",
                                       HEADER_LENGTH: str(len(head))}
-
-
-def pack(outputs: Sequence[Tensor]) -> bytes:
-    """Tensors as one byte string (their header, then their binary data): how the response
-    cache keeps a model's outputs (``unpack`` reverses it)."""
-    docs, blobs = encode_outputs(outputs, dict.fromkeys((t.name for t in outputs), True))
-    head = orjson.dumps(docs)
-    return _LENGTH.pack(len(head)) + head + b"".join(blobs)
-
-
-def unpack(raw: bytes) -> list[Tensor]:
-    (n,) = _LENGTH.unpack_from(raw, 0)
-    offset, out = 4 + n, []
-    for doc in orjson.loads(raw[4:4 + n]):
-        size = doc["parameters"]["binary_data_size"]
-        shape = tuple(doc["shape"])
-        buf = memoryview(raw)[offset:offset + size]
-        offset += size
-        out.append(Tensor(doc["name"], doc["datatype"], shape, _binary_data(
-            doc["name"], doc["datatype"], shape, math.prod(shape), buf)))
-    return out
 
 
 def model_metadata(name: str, versions: Sequence[str], meta: ModelMetadata) -> dict[str, Any]:

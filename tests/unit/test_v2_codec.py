@@ -14,7 +14,7 @@ import pytest
 from sokuji.core.model import ModelMetadata, TensorSpec
 from sokuji.core.tensor import DTYPES, Tensor
 from sokuji.errors import BadRequest, InvalidInput
-from sokuji.server import v2
+from sokuji.server import cache_entries, v2
 
 NUMERIC = sorted(DTYPES)
 VALUES: dict[str, list[Any]] = {
@@ -195,7 +195,7 @@ def test_outputs_both_ways_and_packed(datatype: str) -> None:
     n = int(headers[v2.HEADER_LENGTH])
     assert body[n:] == blob
     assert orjson.loads(body[:n])["outputs"][0]["parameters"] == {"binary_data_size": len(blob)}
-    back = v2.unpack(v2.pack([tensor]))[0]
+    back = cache_entries.unpack(cache_entries.pack([tensor]))[0]
     assert back.name == "o" and back.datatype == datatype and back.shape == tensor.shape
     if datatype == "BYTES":
         assert back.data == ["é".encode(), b"raw"]

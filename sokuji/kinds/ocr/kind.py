@@ -29,11 +29,7 @@ class OcrKind(Kind):
         from sokuji.media.model import MediaModel
         from sokuji.vision.ocr import OcrEngine
 
-        engine = OcrEngine(model.name, options)
-        engine.load()
-        if model.warmup:
-            engine.warmup()
-        return Built(MediaModel(model, engine))
+        return Built(MediaModel.over(model, OcrEngine(model.name, options)))
 
 
 KIND = OcrKind()

@@ -30,11 +30,7 @@ class VadKind(Kind):
         from sokuji.audio.vad import VadEngine
         from sokuji.media.model import MediaModel
 
-        engine = VadEngine(model.name, options)
-        engine.load()
-        if model.warmup:
-            engine.warmup()
-        return Built(MediaModel(model, engine))
+        return Built(MediaModel.over(model, VadEngine(model.name, options)))
 
 
 KIND = VadKind()
