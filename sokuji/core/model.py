@@ -32,6 +32,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from sokuji.core import timing as timing_
+from sokuji.core.limits import Limit
 from sokuji.core.request import Priority
 from sokuji.core.trace import TRACEPARENT, Hop, header, new_span_id
 
@@ -267,6 +268,13 @@ class ServedModel(Protocol):
         """Started, and every worker / engine thread it needs is alive."""
 
     @property
+    def limits(self) -> tuple[Limit, ...]:
+        """Its cost bound (``core/limits.py``): the most work one request may cause, each
+        quantity checked before the work it bounds (``LimitExceeded``, 413). The request
+        body's bytes are the server's (``max_request_bytes``); these are what the model
+        itself would make of them (pixels after resizing, crops, samples, tokens, steps)."""
+
+    @property
     def num_waiting(self) -> int: ...
 
     def capacity(self) -> Capacity: ...
@@ -331,6 +339,7 @@ class ModelBase:
     """Defaults for the contract's optional verbs: a kind's served model may inherit them."""
 
     batches = False
+    limits: tuple[Limit, ...] = ()
 
     def attach(self, observers: Any) -> None:
         """Nothing to report beyond the Timeline."""

@@ -136,6 +136,10 @@ def model_config(model: Model, primary: Model, response_cache: bool) -> dict[str
         params.update(max_batch_tokens=mc.max_batch_tokens, batching=str(mc.batching),
                       max_concurrency=mc.max_concurrency, work_conserving="true")
     doc["parameters"] = {k: {"string_value": str(v)} for k, v in params.items()}
+    # The cost bound (core/limits.py), as Triton's clients read parameters: one string each.
+    for limit in model.served.limits:
+        doc["parameters"][f"limit.{limit.key}"] = {
+            "string_value": f"{limit.value:g} {limit.unit}: {limit.what}"}
     return doc
 
 
