@@ -115,10 +115,12 @@ def _generator_step(cfg: StepConfig, at: str, model: ServedModel) -> Step:
                 max_tokens=o.max_tokens, max_tokens_field="max_tokens",
                 min_tokens=o.min_tokens, ignore_eos=False, temperature=o.temperature,
                 top_p=o.top_p, stop=stop, seed=o.seed)
-        else:  # the chat request's answer: sampled as the client asks
+        else:  # the chat request's answer: sampled as the client asks, up to the step's
+            asked, ceiling = answer.request.max_tokens, o.max_tokens  # (prepare refuses more)
             inputs = dataclasses.replace(
                 answer.request, chat=messages is not None, messages=messages, prompt=prompt,
-                max_tokens=answer.request.max_tokens or o.max_tokens)
+                max_tokens=asked if ceiling is None else ceiling if asked is None
+                else min(asked, ceiling))
         prepared = await model.prepare(inputs, ctx)  # (admitted by its submit)
         if answer is not None:  # the caller relays its events; the pipeline's timing is its
             return model.submit(prepared, ctx, timing=answer.timing)  # type: ignore[call-arg]
