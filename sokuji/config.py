@@ -320,6 +320,8 @@ def _check(config: ServerConfig) -> ServerConfig:
         kind = registry.table_kind("pipelines")
         m = kind.model_config(p)
         kind.check(m, kind.parse(m, f"pipelines[{i}]"), f"pipelines[{i}]", config)
+    # Keys and SLOs may name the built-in pipelines too (rag), served beside these.
+    seen.update(p.name for p in registry.table_kind("pipelines").builtins(config))
     if len({k.key for k in config.api_keys}) != len(config.api_keys):
         raise ConfigError("Config 'api_keys': the same key is listed twice", param="api_keys")
     for i, k in enumerate(config.api_keys):

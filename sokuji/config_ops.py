@@ -88,8 +88,9 @@ class TracingConfig(_Table, frozen=True):
     of the name, 16 hex digits, so traces of one tenant can be found without the collector
     learning who it is), ``name`` (as in ``[[api_keys]]``) or ``off``."""
     tenant_secret: str = ""
-    """The key of the tenant hash. Empty: an unkeyed hash, which anyone who can guess the
-    tenants' names can match; set a secret to make it opaque."""
+    """The key of the tenant hash (its first 64 bytes). Empty: a random key drawn at each
+    start, so the hash is opaque but matches only within one process (not across restarts
+    or replicas); set a secret to correlate a tenant's traces across them."""
 
     def __repr__(self) -> str:  # the collector's headers may hold a credential
         return (f"TracingConfig(enabled={self.enabled!r}, endpoint={self.endpoint!r}, "

@@ -1,7 +1,10 @@
 """Response cache: model outputs keyed per tenant, with request coalescing.
 
-Key: SHA-256 over (tenant, model, version, the texts), each length-prefixed, so no two
-different requests share a key and one tenant can never read another's entry. Only
+Key (``cache_key``): SHA-256 over whether keys are configured, then (tenant, model, version,
+the form of the answer, the texts), each length-prefixed, so no two different requests share
+a key whatever separators their parts hold, and one tenant can never read another's entry,
+nor a keyed tenant (one named ``anonymous`` included) what an open server stored in a shared
+backend. Only
 deterministic computations are cached (an encoder's output for given texts); what varies by
 protocol (JSON or base64, V2 or OpenAI) is applied after the cache, so one entry serves all.
 
@@ -65,9 +68,13 @@ class Entry:
         return cls(output, int(tokens))
 
 
-def cache_key(tenant: str, model: str, version: str, texts: Sequence[str]) -> str:
-    h = hashlib.sha256()
-    for part in (tenant, model, version, *texts):
+def cache_key(tenant: str, model: str, version: str, texts: Sequence[str], *,
+              keyed: bool = True, form: str = "") -> str:
+    """The entry's key. ``keyed``: API keys are configured (the server's, decided at start,
+    never from the tenant's name); ``form``: what the entry holds when one input has several
+    (``plain``: a JSON document, not the tensors); ``texts``: what identifies the input."""
+    h = hashlib.sha256(b"keyed" if keyed else b"open")
+    for part in (tenant, model, version, form, *texts):
         data = part.encode("utf-8", "surrogatepass")
         h.update(struct.pack("<Q", len(data)))
         h.update(data)

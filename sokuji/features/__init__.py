@@ -9,4 +9,5 @@ when installed, torch) is imported by ``OnlineFeatures.open`` only.
     setup.py         the repository applied and materialized once per data fingerprint
     rag_repo.py      the built-in repository: entity ``user``, feature view ``user_profile``,
                      the generated users (seeded) written as the offline source
+    tenant_ids.py    scoped(tenant, id): the row a keyed tenant's id is looked up as
 """

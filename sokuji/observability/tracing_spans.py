@@ -16,7 +16,8 @@ The tree (span names; all in the client's trace when it sent a sampled ``tracepa
   smollm2``, ``text_completion smollm2``): the request, arrival to answer, parent = the
   client's span. GenAI attributes (``gen_ai.operation.name``, ``gen_ai.request.model``,
   ``gen_ai.response.model``, ``gen_ai.usage.*``, ``gen_ai.request.max_tokens`` ...), HTTP
-  ones, ``sokuji.*`` (priority, timeout, tenant as configured: hashed by default).
+  ones, ``sokuji.*`` (priority, timeout, tenant as configured: by default a hash keyed by
+  ``tenant_secret``, else by a key drawn at start).
 - its stages, laid end to end (they tile it): an encoder's ``Timeline`` (``decode`` ...
   ``encode``; a stage stamped twice shows once, its summed time) or a generation's
   ``preprocess``, ``queue``, ``prefill``, ``decode`` (``Timing``);
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import secrets
 import threading
 import time
 from typing import TYPE_CHECKING, Any
@@ -107,6 +109,9 @@ class SpanSink:
         self.provider.add_span_processor(self.processor)
         logging.getLogger("opentelemetry.sdk._shared_internal").addFilter(_DROPS)
         self._tenants: dict[str, str] = {}
+        self._tenant_key = config.tenant_secret.encode()[:64] or secrets.token_bytes(32)
+        """The tenant hash's key: the configured secret, else one drawn at start (hashes
+        then match within this process only)."""
         self._offset_at = 0
         self._offset = 0
         self._epoch(time.perf_counter_ns())
@@ -183,8 +188,8 @@ class SpanSink:
             return name
         shown = self._tenants.get(name)
         if shown is None:
-            key = self.config.tenant_secret.encode()[:64]
-            shown = hashlib.blake2b(name.encode(), key=key, digest_size=8).hexdigest()
+            shown = hashlib.blake2b(name.encode(), key=self._tenant_key,
+                                    digest_size=8).hexdigest()
             if len(self._tenants) < 10_000:
                 self._tenants[name] = shown
         return shown

@@ -53,8 +53,10 @@ def rag_config() -> PipelineConfig:
         ))
 
 
-def pipelines(config: ServerConfig) -> tuple[PipelineConfig, ...]:
-    """The built-in pipelines this configuration can serve."""
+def pipelines(config: ServerConfig, *, quiet: bool = False) -> tuple[PipelineConfig, ...]:
+    """The built-in pipelines this configuration can serve (``quiet``: without the warning
+    that the ``pipelines`` extra is missing; the config's check asks first, the repository
+    warns when it builds)."""
     names = {m.name: m for m in config.models}
     encoder, llm = names.get(DEFAULT_MODEL_NAME), names.get(DEFAULT_LLM_NAME)
     if encoder is None or llm is None or encoder.path is not None or llm.path is not None \
@@ -65,6 +67,8 @@ def pipelines(config: ServerConfig) -> tuple[PipelineConfig, ...]:
     missing = [m for m in ("bm25s", "feast", "faiss")
                if importlib.util.find_spec(m) is None]
     if missing:
+        if quiet:
+            return ()
         log.warning("built-in pipeline '%s' not served: %s not installed (pip install "
                     "'sokuji[pipelines]')", RAG, ", ".join(missing))
         return ()

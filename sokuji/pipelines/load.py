@@ -39,7 +39,7 @@ def load_pipeline(pc: PipelineConfig, at: str, config: ServerConfig,
         res = shared["resources"] = Resources(
             models=dict(models), cache_dir=config.cache_dir,
             open_index=lambda name, enc: open_index(name, enc, config.cache_dir),
-            open_store=lambda name: open_store(name, config))
+            open_store=lambda name: open_store(name, config), keyed=bool(config.api_keys))
     graph = check_pipeline(pc, at, set(res.models))
     return PipelineModel(graph, res, at)
 

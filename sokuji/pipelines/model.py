@@ -10,7 +10,10 @@ admitted like one, its steps run by ``run.py``.
   JSON tensors by name, one element as itself, several as a list) checked against the
   declared ones: required present, unknown refused, strings / lists of strings / a chat's
   messages. A chat request (a ``GenerationInput``, when the answer generates: ``Api.GENERATE``)
-  becomes the inputs ``chat_inputs`` says, its answer sampled as it asks.
+  becomes the inputs ``chat_inputs`` says, its answer sampled as it asks, within the answer
+  step's ``max_tokens``: that is a ceiling, and a chat asking for more is a 400 naming it
+  (before any step runs; what OpenAI and vLLM answer a ``max_tokens`` over a model's limit).
+  Asking for none gives the step's.
 - ``submit(prepared, ctx)``: starts every step (``Run``); the handle's ``result()`` is the
   answer step's output (a generator's whole text), its report the extra outputs, the steps'
   ``Server-Timing`` entries and ``x-sokuji-pipeline-steps``. A chat's handle is an
@@ -50,6 +53,7 @@ from sokuji.llm.request import Timing
 from sokuji.pipelines.config import PipelineConfig
 from sokuji.pipelines.graph import Graph
 from sokuji.pipelines.run import Answer, Run, StepFn
+from sokuji.pipelines.step_options import step_options
 from sokuji.pipelines.steps import Resources, build_step
 
 MAX_INPUT_CHARS = 64 * 1024
@@ -77,6 +81,9 @@ class PipelineModel(ModelBase):
         """Its answer is generated text: also served on the OpenAI endpoints, streamed."""
         self.apis = frozenset({Api.INFER, Api.GENERATE}) if self.generates \
             else frozenset({Api.INFER})
+        self.max_tokens: int | None = step_options(
+            answer, f"{at}.steps[{graph.output}]").max_tokens if self.generates else None
+        """The answer step's ``max_tokens``: the most a chat may ask for (None: the model's)."""
         self.steps: list[StepFn] = [build_step(n.config, f"{at}.steps[{n.index}]", res)
                                     for n in graph.nodes]
         self.callees = [res.models[n.config.model] for n in graph.nodes
@@ -156,6 +163,11 @@ class PipelineModel(ModelBase):
 
     async def prepare(self, inputs: Any, ctx: RequestContext) -> PreparedPipeline:
         if isinstance(inputs, GenerationInput):  # a chat: the answer is relayed
+            ceiling, asked = self.max_tokens, inputs.max_tokens
+            if ceiling is not None and asked is not None and asked > ceiling:
+                raise InvalidInput(f"{inputs.max_tokens_field} {asked} exceeds pipeline "
+                                   f"'{self.name}''s limit of {ceiling} tokens (its answer "
+                                   "step's max_tokens)", param=inputs.max_tokens_field)
             chat = self.chat_inputs(inputs, getattr(inputs, "user", None))
             return dataclasses.replace(await self.prepare(chat, ctx), answer=inputs)
         cfg = self.config

@@ -39,7 +39,7 @@ class FeaturesOptions(_Table, frozen=True):
     """``users`` (the built-in store) or the path of a Feast repository."""
     entity: NonEmpty = "user"
     scope_by_tenant: bool = True
-    """With API keys, ids are looked up as ``<tenant>:<id>``."""
+    """With API keys, ids are looked up as ``<tenant>:<id>`` (``features/tenant_ids.py``)."""
 
 
 class GenerateOptions(_Table, frozen=True):

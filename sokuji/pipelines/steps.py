@@ -9,10 +9,12 @@
   and the ANN index, fused; ``query`` and optional ``filters`` inputs. Output: the hits as
   plain dicts (id, text, score, metadata).
 - ``features``: an online feature store lookup (``sokuji/features``, Feast) in a worker
-  thread; input ``entity_id``. With API keys, ids are namespaced by tenant
-  (``<tenant>:<id>``) unless the step's ``scope_by_tenant`` is false: one tenant cannot read
-  another's users' features by guessing their ids. An open server has one tenant
-  (``anonymous``): ids are looked up as given (the built-in users, ``user-0000`` ...).
+  thread; input ``entity_id``. With API keys (``Resources.keyed``: decided once, from the
+  config), ids are namespaced by tenant (``features/tenant_ids.py``: ``<tenant>:<id>``, the
+  tenant's ``%`` and ``:`` escaped) unless the step's ``scope_by_tenant`` is false: one tenant
+  cannot read another's users' features by guessing their ids, nor reach an unscoped row. An
+  open server has one tenant: ids are looked up as given (the built-in users,
+  ``user-0000`` ...).
 - ``python``: a function by dotted path, called with the inputs as keyword arguments (and
   ``options`` / ``ctx`` if it declares them); async functions are awaited, sync ones run on
   the event loop (they must be quick) or, with ``options.thread = true``, in the
@@ -33,6 +35,7 @@ from typing import Any
 from sokuji.core import offload
 from sokuji.core.model import Api, GenerationInput, RequestContext, ServedModel
 from sokuji.errors import ConfigError, InvalidInput
+from sokuji.features import tenant_ids
 from sokuji.pipelines.config import StepConfig
 from sokuji.pipelines.run import Answer
 from sokuji.pipelines.step_options import (
@@ -44,8 +47,6 @@ from sokuji.pipelines.step_options import (
 
 Step = Callable[[dict[str, Any], RequestContext, Answer | None], Awaitable[Any]]
 INLINE_SEARCH_S = 0.001
-OPEN_TENANT = "anonymous"
-"""Every caller of a server without API keys (``server/auth.py``)."""
 
 
 @dataclass
@@ -59,6 +60,9 @@ class Resources:
     stores: dict[str, Any] = field(default_factory=dict)
     open_index: Callable[[str, ServedModel | None], Any] | None = None
     open_store: Callable[[str], Any] | None = None
+    keyed: bool = True
+    """API keys are configured: feature ids are scoped by tenant. False only for an open
+    server (``load.py`` sets it from the config once), whose callers are one tenant."""
 
 
 def build_step(cfg: StepConfig, at: str, res: Resources) -> Step:
@@ -111,10 +115,12 @@ def _generator_step(cfg: StepConfig, at: str, model: ServedModel) -> Step:
                 max_tokens=o.max_tokens, max_tokens_field="max_tokens",
                 min_tokens=o.min_tokens, ignore_eos=False, temperature=o.temperature,
                 top_p=o.top_p, stop=stop, seed=o.seed)
-        else:  # the chat request's answer: sampled as the client asks
+        else:  # the chat request's answer: sampled as the client asks, up to the step's
+            asked, ceiling = answer.request.max_tokens, o.max_tokens  # (prepare refuses more)
             inputs = dataclasses.replace(
                 answer.request, chat=messages is not None, messages=messages, prompt=prompt,
-                max_tokens=answer.request.max_tokens or o.max_tokens)
+                max_tokens=asked if ceiling is None else ceiling if asked is None
+                else min(asked, ceiling))
         prepared = await model.prepare(inputs, ctx)  # (admitted by its submit)
         if answer is not None:  # the caller relays its events; the pipeline's timing is its
             return model.submit(prepared, ctx, timing=answer.timing)  # type: ignore[call-arg]
@@ -164,7 +170,7 @@ def _retrieve_step(cfg: StepConfig, at: str, res: Resources) -> Step:
 
 def _features_step(cfg: StepConfig, at: str, res: Resources) -> Step:
     o: FeaturesOptions = step_options(cfg, at)
-    store_name, entity, scoped = o.store, o.entity, o.scope_by_tenant
+    store_name, entity, scoped = o.store, o.entity, o.scope_by_tenant and res.keyed
     if store_name not in res.stores:
         assert res.open_store is not None
         res.stores[store_name] = res.open_store(store_name)
@@ -186,8 +192,7 @@ def _features_step(cfg: StepConfig, at: str, res: Resources) -> Step:
             return dict.fromkeys(names)  # nobody to look up: every feature unknown
         if not isinstance(entity_id, str) or not 0 < len(entity_id) <= 256:
             raise InvalidInput("'entity_id' must be a string of 1 to 256 characters")
-        key = f"{ctx.tenant}:{entity_id}" if scoped and ctx.tenant != OPEN_TENANT \
-            else entity_id
+        key = tenant_ids.scoped(ctx.tenant, entity_id) if scoped else entity_id
         return await offload.run(store.get, entity, key, names)
     return run
 

@@ -4,6 +4,9 @@ A key comes as ``Authorization: Bearer <key>`` (what the OpenAI SDK sends) or ``
 Keys are compared in constant time against every configured key (no early exit, so timing
 does not tell how much of a key matched, nor which one), and are never logged or echoed.
 With no keys configured the server is open and every caller is the tenant ``anonymous``.
+Whether keys are configured is the server's setting (``Authenticator.enabled``), never read
+from a tenant's name: a keyed tenant may be called ``anonymous`` and gets nothing the open
+server's caller stored (feature rows, cache entries, jobs).
 
 A tenant carries what it may do: its models (403 outside them, on the inference path and on
 the control plane alike), its default priority class and the highest class it may ask for

@@ -106,8 +106,8 @@ class Inference:
                 doc = _plain(model, served.to_plain(result))
                 return Entry(np.frombuffer(doc, dtype=np.uint8), 0), report
 
-            entry, report = await self._cached(model, ctx, [*parts, "plain"], plain,
-                                               headers.get("cache-control", ""))
+            entry, report = await self._cached(model, ctx, parts, plain,
+                                               headers.get("cache-control", ""), "plain")
             return model, entry.output.tobytes(), {"content-type": JSON}, report
         else:
             async def tensors() -> tuple[Entry, Report]:
@@ -170,10 +170,11 @@ class Inference:
 
     async def _cached(self, model: Model, ctx: RequestContext, parts: Sequence[str],
                       compute: Callable[[], Awaitable[tuple[Entry, Report]]],
-                      cache_control: str) -> tuple[Entry, Report]:
-        """The one response cache of every cached request: key (tenant, model,
-        version:variant, what the model says identifies the input), ``Cache-Control``'s
-        no-cache / no-store, the Timeline's ``cache`` stage and its note."""
+                      cache_control: str, form: str = "") -> tuple[Entry, Report]:
+        """The one response cache of every cached request: key (keys configured, tenant,
+        model, version:variant, ``form``, what the model says identifies the input),
+        ``Cache-Control``'s no-cache / no-store, the Timeline's ``cache`` stage and its
+        note."""
         assert self.cache is not None and ctx.timeline is not None
         tl = ctx.timeline
         report = CACHED
@@ -185,7 +186,8 @@ class Inference:
             return entry
 
         control = cache_control.lower()
-        key = cache_key(ctx.tenant, model.name, f"{model.version}:{model.variant}", parts)
+        key = cache_key(ctx.tenant, model.name, f"{model.version}:{model.variant}", parts,
+                        keyed=self.auth.enabled, form=form)
         entry, result = await self.cache.get_or_compute(
             model.name, key, run, read="no-cache" not in control,
             store="no-store" not in control)

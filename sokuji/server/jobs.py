@@ -13,8 +13,9 @@
   ``Location: /v2/jobs/{id}``.
 - Poll: ``GET /v2/jobs/{id}`` gives the status; ``GET /v2/jobs/{id}/result`` gives the stored
   response exactly as the synchronous call would have (202 with the status until then).
-  Another tenant's job is a 404, and so is a job that finished more than
-  ``jobs.result_ttl_s`` ago (a clean-up task deletes them).
+  Another tenant's job is a 404, and so is, once keys are configured, a job stored while the
+  server needed none, and a job that finished more than ``jobs.result_ttl_s`` ago (a clean-up
+  task deletes them).
 - Run: one dispatcher claims queued jobs while fewer than ``jobs.concurrency`` run, each under
   a lease in the store that this process renews every third of it while the job runs; every
   third of a lease it also puts back in the queue running jobs whose lease has passed (their
@@ -194,7 +195,7 @@ class JobService:
         if not _JOB_ID.fullmatch(rest[0]) or rest[1:] not in ([], ["result"]):
             raise NotFound(f"no job at {path}")
         job = await self._io(self.store.get, rest[0])
-        if job is None or (self.auth.enabled and job.tenant != tenant.name):
+        if job is None or (self.auth.enabled and not _owns(tenant, job)):
             raise NotFound(f"no job at {path}")
         doc = self._describe(job)
         if rest[1:] == ["result"]:
@@ -366,6 +367,13 @@ class JobService:
                 purged = await self._io(self.store.purge)
                 if purged:
                     log.info("jobs: %d finished job(s) past jobs.result_ttl_s deleted", purged)
+
+
+def _owns(tenant: Tenant, job: Job) -> bool:
+    """Whether a keyed ``tenant`` may read ``job``: one its tenant stored with a key. A job an
+    open server stored (no key: ``key_id`` empty) is nobody's once keys are configured, even
+    for a tenant named like the open server's one (``anonymous``)."""
+    return job.tenant == tenant.name and job.key_id != ""
 
 
 def backoff_s(attempts: int, retry_after: str | None) -> float:

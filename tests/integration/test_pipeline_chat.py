@@ -142,3 +142,18 @@ def test_v2_gives_the_whole_answer_and_the_sources(url: str, client: openai.Open
         max_tokens=24, temperature=0)
     assert out["answer"] == [direct.choices[0].message.content]
     assert '"paris"' in out["facts"][0]
+
+
+def test_the_answer_steps_max_tokens_is_a_ceiling(url: str, client: openai.OpenAI) -> None:
+    """The replay of finding 6: a client's ``max_tokens`` 40 beat the step's configured
+    limit. Now asking for more than the step's 24 is a 400 naming it, in whichever field the
+    client used, before any step runs; asking for none gives the step's."""
+    for field in ("max_tokens", "max_completion_tokens"):
+        r = httpx.post(f"{url}/v1/chat/completions", timeout=60, json={
+            "model": "qa", field: 40, "messages": [{"role": "user", "content": QUESTION}]})
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert error["param"] == field and "limit of 24" in error["message"]
+    reply = client.chat.completions.create(
+        model="qa", messages=[{"role": "user", "content": QUESTION}], temperature=0)
+    assert reply.usage is not None and 0 < reply.usage.completion_tokens <= 24

@@ -88,6 +88,24 @@ def test_keys_separate_tenants_models_versions_and_item_boundaries() -> None:
     assert base != cache_key("a", "m", "2", ["x", "y"])
     assert base != cache_key("a", "m", "1", ["xy"])
     assert base != cache_key("a", "m", "1", ["x", "y", ""])
+    assert cache_key("a:b", "m", "1", ["x"]) != cache_key("a", "b:m", "1", ["x"])
+
+
+def test_a_keyed_tenant_named_anonymous_does_not_share_the_open_servers_entries() -> None:
+    """An open server's callers are the tenant ``anonymous``; its entries in a shared Redis
+    outlive a restart with keys. Keys configured or not is part of the key (the server's
+    setting, not the name), so a keyed tenant named ``anonymous`` does not read them."""
+    assert cache_key("anonymous", "m", "1", ["x"], keyed=True) != \
+        cache_key("anonymous", "m", "1", ["x"], keyed=False)
+
+
+def test_the_answers_form_is_a_part_of_its_own() -> None:
+    """The plain answer's entry was keyed by the input's parts with ``"plain"`` appended: a
+    tensors request whose identity ended in ``"plain"`` would have read (or poisoned) the plain
+    entry of the input without it. The form is its own length-prefixed part now."""
+    assert cache_key("a", "m", "1", ["x"], form="plain") != \
+        cache_key("a", "m", "1", ["x", "plain"])
+    assert cache_key("a", "m", "1", ["x"], form="plain") != cache_key("a", "m", "1", ["x"])
 
 
 def server(**extra: object) -> cfg.ServerConfig:

@@ -286,8 +286,8 @@ def test_a_job_runs_with_its_own_keys_rights_and_priority(keys: tuple[cfg.ApiKey
 def test_a_job_whose_key_is_gone_is_not_run_and_says_why(tmp_path: Path) -> None:
     """Jobs stored earlier: by a key removed since (401), by a key now given to another
     tenant (403), by an older version that did not record the key (401), while the server
-    needed no key (401). None runs with wider rights; each has a stored answer naming why,
-    never a 500."""
+    needed no key (401, and a 404 to every keyed tenant, whatever its name). None runs with
+    wider rights; each has a stored answer naming why, never a 500."""
     from sokuji.server.auth import key_id
 
     store = JobStore(tmp_path / "jobs.sqlite")
@@ -301,12 +301,34 @@ def test_a_job_whose_key_is_gone_is_not_run_and_says_why(tmp_path: Path) -> None
     with client_for(config) as client:
         for job_id, status, words in ((gone, 401, "no longer configured"),
                                       (moved, 403, "another tenant"),
-                                      (old, 401, "older version"),
-                                      (keyless, 401, "needed no API key")):
+                                      (old, 401, "older version")):
             doc = finished(client, f"/v2/jobs/{job_id}", acme)
             assert doc["status"] == "failed" and doc["attempts"] == 1
             result = client.get(doc["result"], headers=acme)
             assert result.status_code == status and words in result.text
+        assert client.get(f"/v2/jobs/{keyless}", headers=acme).status_code == 404
+    store = JobStore(tmp_path / "jobs.sqlite")
+    job = store.get(keyless)
+    store.close()
+    assert job is not None and job.status is JobStatus.FAILED and job.result_status == 401
+    assert b"needed no API key" in (job.result_body or b"")
+
+
+def test_a_keyed_tenant_named_anonymous_does_not_read_the_open_servers_jobs(
+        tmp_path: Path) -> None:
+    """An open server's jobs are the tenant ``anonymous``'s, with no key. Restarted with keys,
+    a tenant named ``anonymous`` read them by name (their status, and the result of one that
+    finished while open); now a job stored without a key is nobody's once keys exist."""
+    open_config = server_config(cache_dir=str(tmp_path))
+    with client_for(open_config) as client:
+        location = client.post(INFER, json=body("secret"), headers=ASYNC).headers["location"]
+        assert finished(client, location)["status"] == "done"
+    keyed = server_config(cache_dir=str(tmp_path), api_keys=(
+        cfg.ApiKey(key="key-of-anonymous-01", tenant="anonymous"),))
+    with client_for(keyed) as client:
+        named = {"authorization": "Bearer key-of-anonymous-01"}
+        assert client.get(location, headers=named).status_code == 404
+        assert client.get(f"{location}/result", headers=named).status_code == 404
 
 
 def test_quotas_are_checked_before_the_callback_host_is_looked_up(

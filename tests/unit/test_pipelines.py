@@ -322,10 +322,12 @@ def test_an_oversized_input_is_refused_before_any_step(diamond: TestClient) -> N
 
 
 class _Store:
-    """A stand-in feature store that records the ids it is asked for (the real Feast store
-    is tested in tests/integration/test_features.py and through the rag pipeline)."""
+    """A stand-in feature store holding rows by id and recording the ids it is asked for
+    (the real Feast store is tested in tests/integration/test_features.py and through the
+    rag pipeline)."""
 
-    def __init__(self) -> None:
+    def __init__(self, rows: dict[str, str]) -> None:
+        self.rows = rows
         self.asked: list[str] = []
 
     def entities(self) -> dict[str, list[str]]:
@@ -333,27 +335,58 @@ class _Store:
 
     def get(self, entity: str, entity_id: str, features: list[str]) -> dict[str, object]:
         self.asked.append(entity_id)
-        return {"plan": "pro" if entity_id == "acme:ada" else None}
+        return {"plan": self.rows.get(entity_id)}
+
+
+def _feature_step(store: _Store, *, keyed: bool) -> Any:
+    from sokuji.pipelines.steps import Resources, build_step
+
+    res = Resources(models={}, cache_dir="", stores={"users": store}, keyed=keyed)
+    return build_step(StepConfig(name="f", kind="features", options={"features": ["plan"]}),
+                      "at", res)
+
+
+def _ctx(tenant: str) -> RequestContext:
+    return RequestContext(tenant, Priority.INTERACTIVE, None, time.perf_counter_ns())
 
 
 async def test_feature_ids_are_namespaced_by_tenant_when_keys_exist() -> None:
     """One tenant cannot read another's users' features by guessing their ids."""
-    from sokuji.pipelines.steps import Resources, build_step
-
-    store = _Store()
-    res = Resources(models={}, cache_dir="", stores={"users": store})
-    step = build_step(StepConfig(name="f", kind="features",
-                                     options={"features": ["plan"]}), "at", res)
-
-    def ctx(tenant: str) -> RequestContext:
-        return RequestContext(tenant, Priority.INTERACTIVE, None, time.perf_counter_ns())
-    assert await step({"entity_id": "ada"}, ctx("acme"), None) == {"plan": "pro"}
-    assert await step({"entity_id": "ada"}, ctx("globex"), None) == {"plan": None}
-    assert await step({"entity_id": "acme:ada"}, ctx("globex"), None) == {"plan": None}
-    assert await step({"entity_id": "ada"}, ctx("anonymous"), None) == {"plan": None}
-    assert store.asked == ["acme:ada", "globex:ada", "globex:acme:ada", "ada"]
+    store = _Store({"acme:ada": "pro"})
+    step = _feature_step(store, keyed=True)
+    assert await step({"entity_id": "ada"}, _ctx("acme"), None) == {"plan": "pro"}
+    assert await step({"entity_id": "ada"}, _ctx("globex"), None) == {"plan": None}
+    assert await step({"entity_id": "acme:ada"}, _ctx("globex"), None) == {"plan": None}
+    assert store.asked == ["acme:ada", "globex:ada", "globex:acme:ada"]
     with pytest.raises(InvalidInput):
-        await step({"entity_id": "x" * 257}, ctx("acme"), None)
+        await step({"entity_id": "x" * 257}, _ctx("acme"), None)
+
+
+async def test_a_separator_in_the_id_does_not_reach_another_tenants_row() -> None:
+    """The replay of finding 2: tenant ``acme`` sending ``corp:user-0001`` read tenant
+    ``acme:corp``'s row ``user-0001`` when ids were joined as ``f"{tenant}:{id}"``."""
+    from sokuji.features.tenant_ids import scoped
+
+    store = _Store({scoped("acme:corp", "user-0001"): "enterprise"})
+    step = _feature_step(store, keyed=True)
+    assert await step({"entity_id": "user-0001"}, _ctx("acme:corp"), None) == \
+        {"plan": "enterprise"}
+    assert await step({"entity_id": "corp:user-0001"}, _ctx("acme"), None) == {"plan": None}
+    assert store.asked[0] != store.asked[1]
+    assert scoped("a%3Ab", "c") != scoped("a:b", "c")  # the escape is escaped too
+
+
+async def test_a_keyed_tenant_named_anonymous_does_not_read_the_open_rows() -> None:
+    """With keys, every tenant's ids are scoped, whatever it is called: a tenant named
+    ``anonymous`` (the open server's one tenant) reads neither the built-in rows nor what an
+    open server stored; the open server itself reads ids as given (the built-in demo)."""
+    store = _Store({"user-0001": "free"})
+    keyed = _feature_step(store, keyed=True)
+    assert await keyed({"entity_id": "user-0001"}, _ctx("anonymous"), None) == {"plan": None}
+    assert store.asked == ["anonymous:user-0001"]
+    open_server = _feature_step(store, keyed=False)
+    assert await open_server({"entity_id": "user-0001"}, _ctx("anonymous"), None) == \
+        {"plan": "free"}
 
 
 @pytest.mark.skipif(not os.environ.get("SOKUJI_TEST_REDIS_URL"),

@@ -435,3 +435,28 @@ def test_the_fast_encoding_is_the_sdks() -> None:
         ours = ExportTraceServiceRequest.FromString(encoder.encode(spans))
         assert ours == ExportTraceServiceRequest.FromString(
             encode_spans(spans).SerializeToString())
+
+
+def _tenant_hash(secret: str = "") -> str:
+    tracer, sink = make_tracer(tenant_secret=secret)
+    try:
+        trace = tracer.sample(None)
+        assert trace is not None
+        context(trace)
+        tracer.end_request(trace, "infer", "m", "m", Timeline(), 200, "/p")
+        return str(dict(sink.finished()[0].attributes or {})["sokuji.tenant"])
+    finally:
+        tracer.shutdown()
+
+
+def test_the_tenant_hash_is_keyed_with_no_secret_configured() -> None:
+    """The replay of finding 6: with ``tenant_secret`` empty (the default) the attribute was
+    BLAKE2b of the name with no key, which anyone who guesses a tenant's name can compute. Now
+    a key drawn at start keys it: opaque, stable within the process, not across starts."""
+    import hashlib
+
+    unkeyed = hashlib.blake2b(b"acme", digest_size=8).hexdigest()
+    first, second = _tenant_hash(), _tenant_hash()
+    assert unkeyed not in (first, second)
+    assert first != second  # a fresh key per start
+    assert _tenant_hash("shared-secret") == _tenant_hash("shared-secret")

@@ -24,6 +24,15 @@ class PipelineKind(Kind):
                            default_timeout_ms=pc.default_timeout_ms, cache=pc.cache,
                            warmup=False, options={"pipeline": pc})
 
+    def builtins(self, config: ServerConfig) -> tuple[PipelineConfig, ...]:
+        """The built-in pipelines ``config`` serves (``rag``): names an API key's ``models``
+        may list beside the config's own models and pipelines."""
+        if not config.builtin_pipelines:
+            return ()
+        from sokuji.pipelines import builtin
+
+        return builtin.pipelines(config, quiet=True)
+
     def parse(self, model: ModelConfig, at: str) -> Any:
         pipeline = model.options.get("pipeline")
         if not isinstance(pipeline, PipelineConfig):
