@@ -40,6 +40,7 @@ import orjson
 from sokuji import http_client
 from sokuji.config import ModelConfig
 from sokuji.core import policy, text_tensors
+from sokuji.core.limits import Limit
 from sokuji.core.model import (
     NOTHING,
     Api,
@@ -54,7 +55,7 @@ from sokuji.core.model import (
 from sokuji.core.request import Stage
 from sokuji.core.tensor import InferRequest, Tensor
 from sokuji.errors import ConfigError, InvalidInput, ModelNotReady
-from sokuji.llm.request import Timing
+from sokuji.llm.request import STOP_LIMITS, Timing
 from sokuji.routing.config import UpstreamOptions
 from sokuji.routing.upstream_codec import DTYPES, completion_request, embeddings, v2_output
 from sokuji.routing.upstream_http import (
@@ -156,6 +157,13 @@ class UpstreamModel(ModelBase):
         self.input_name = "text"
         """The upstream's input (V2)."""
         self.metadata = self._describe(options.dims or -1, "embedding")
+        answer = Limit("options.max_response_bytes", options.max_response_bytes, "bytes",
+                       "bytes of one upstream answer held (a stream's events together); "
+                       "past it the answer is cut off, 502")
+        self.limits = (answer, *STOP_LIMITS) if self.generates else (answer,)
+        """The most it holds for one request; the work is the upstream's, bounded there
+        (its own max_tokens, context and limits), and the request's bytes are the
+        server's."""
         self.in_flight = 0
         self._started = False
         self._idle = asyncio.Event()
