@@ -1,11 +1,13 @@
 """A generative model served under the model contract (``core/model.py``): the GGUF loaded by
 ``LlamaRuntime``, its prompt rules (``llm/prompt.py``) and its continuous-batching engine.
 
-- ``prepare(GenerationInput, ctx)``: the chat template, the prompt's size in bytes, then
-  tokens, then ``max_tokens`` / ``min_tokens`` against the context left (400s naming the
-  field). Inputs over ``INLINE_MAX_CHARS`` characters are prepared in the ``sokuji-prep``
-  pool (``core/offload.py``), never on the event loop; smaller ones inline (a thread hop
-  would cost more than they do).
+- ``prepare(GenerationInput, ctx)``: the messages' count, the chat template, the prompt's
+  size in bytes, then tokens, then ``max_tokens`` / ``min_tokens`` against the context left
+  (4xx naming the field or the limit). Its ``limits`` are the prompt rules' own
+  (``PromptBuilder.limits_stated``: prompt, new and context tokens, messages, stop
+  strings). Inputs over ``INLINE_MAX_CHARS`` characters are prepared in the
+  ``sokuji-prep`` pool (``core/offload.py``), never on the event loop; smaller ones inline
+  (a thread hop would cost more than they do).
 - ``submit(prepared, ctx)``: the engine's admission (429), the deadline check (504), the
   queue; the handle is the ``GenerationRequest``: ``events()`` / ``result()`` / ``cancel()``.
 """
@@ -67,6 +69,7 @@ class GeneratorModel(ModelBase):
         self.runtime = runtime
         self.engine: GenerationEngine = runtime.engine
         self.metadata: ModelMetadata = runtime.describe()
+        self.limits = runtime.prompts.limits_stated
 
     @property
     def name(self) -> str:

@@ -4,6 +4,7 @@ never tokenising what cannot fit.
 The checks run cheapest first, each before the work it protects:
 
 1. token ids: their count against the prompt limit, then each id against the vocabulary;
+   chat messages: their count (each renders to at least one token, so more cannot fit);
 2. text (a completion's prompt, or a chat rendered through its template): its length against
    ``max_prompt_bytes`` = prompt limit x the longest token's text in bytes. No token stands
    for more input bytes than that, so a longer text cannot tokenise to few enough tokens and
@@ -26,9 +27,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+from sokuji.core.limits import Limit
 from sokuji.core.offload import CallGate
 from sokuji.errors import InvalidInput
-from sokuji.llm.request import SamplingParams
+from sokuji.llm.request import STOP_LIMITS, SamplingParams
 
 
 class _Model(Protocol):
@@ -67,6 +69,22 @@ class PromptBuilder:
             self.prompt_limit * model.max_piece_bytes if model.lossless else None)
         """Longer texts (UTF-8 bytes) cannot fit; None where the tokenizer has no such
         bound."""
+        self.messages = Limit("messages", self.prompt_limit, "messages",
+                              "chat messages of one request (each renders to at least one "
+                              "prompt token)")
+        self.limits_stated: tuple[Limit, ...] = (
+            Limit("options.max_prompt_tokens", self.prompt_limit, "tokens",
+                  "prompt tokens after the chat template (at most context_size - 1; a text "
+                  "that cannot tokenise to fewer is refused by its bytes first)"),
+            Limit("options.max_new_tokens", limits.max_new_tokens, "tokens",
+                  "tokens generated for one request (max_tokens)"),
+            Limit("options.context_size", limits.context_size, "tokens",
+                  "prompt and generated tokens of one sequence"),
+            self.messages, *STOP_LIMITS)
+        """The model's cost bound (``ServedModel.limits``). The first three are checked
+        below with a 400 naming the request's field (``prompt``, ``messages``,
+        ``max_tokens``), the rest with ``LimitExceeded`` (413); stop strings by the codec,
+        for every generator (``llm.request.check_stops``)."""
         self.calls = CallGate(f"model '{name}'")
         """Calls of ``tokens`` in flight (from any thread); the runtime closes it before it
         frees the model."""
@@ -91,6 +109,7 @@ class PromptBuilder:
                                    param="prompt")
             return list(token_ids)
         if messages is not None:
+            self.messages.check(len(messages), "the messages")  # before templating them
             text = self.chat.render(messages)
         assert text is not None
         self._check_size(text, what)

@@ -13,13 +13,36 @@ from typing import Protocol
 
 from sokuji.core import timing
 from sokuji.core.events import Delta, Event, EventQueue, Finish
+from sokuji.core.limits import Limit
 from sokuji.core.model import Report
 from sokuji.core.request import Priority
 
 # Delta and Finish live with the event stream (core/events.py); named here too for the
 # modules that take them with the rest of a generation.
-__all__ = ["Delta", "Finish", "GenerationHandle", "GenerationRequest", "SamplingParams",
-           "TextAssembler", "Timing", "now_ns"]
+__all__ = ["STOP_BYTES", "STOP_LIMITS", "STOP_SEQUENCES", "Delta", "Finish",
+           "GenerationHandle", "GenerationRequest", "SamplingParams", "TextAssembler",
+           "Timing", "check_stops", "now_ns"]
+
+STOP_SEQUENCES = Limit("stop", 4, "sequences", "stop sequences of one request (OpenAI's "
+                       "bound)")
+STOP_BYTES = Limit("stop.bytes", 512, "bytes", "UTF-8 bytes of one stop sequence")
+"""Stop strings are looked for in every sequence's text at every token, on the engine
+thread (``TextAssembler``: a few steps a character whatever their length, but each is held
+and compiled per request). 512 bytes is over a hundred tokens of English; four 1 MB stops
+cost 1.3 s of engine CPU a generation before issue 25. Fixed by the protocol, not by a
+setting: the keys name the request's field. Every generator's ``limits`` state them."""
+STOP_LIMITS = (STOP_SEQUENCES, STOP_BYTES)
+
+
+def check_stops(stop: tuple[str, ...]) -> None:
+    """``LimitExceeded`` (413) past ``STOP_SEQUENCES`` or ``STOP_BYTES``, before the engine
+    sees them (the codec calls it, for every generator)."""
+    STOP_SEQUENCES.check(len(stop), "'stop'")
+    bound = STOP_BYTES.value
+    for i, s in enumerate(stop):  # characters first: a long one is not encoded
+        if len(s) > bound or len(s.encode("utf-8")) > bound:
+            STOP_BYTES.check(len(s) if len(s) > bound else len(s.encode("utf-8")),
+                             f"'stop[{i}]'")
 
 
 @dataclass(frozen=True)
@@ -154,12 +177,49 @@ class GenerationHandle(Protocol):
     def cancel(self) -> None: ...
 
 
+class _Stop:
+    """One stop string, looked for as text arrives (Knuth-Morris-Pratt): ``matched`` is the
+    longest prefix of it the text ends with, so each character costs a few steps however
+    long the stop string is (a search over the text's tail for each token cost time in its
+    length times the text's: issue 25)."""
+
+    __slots__ = ("fail", "matched", "text")
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        fail, k = [0] * len(text), 0
+        for i in range(1, len(text)):
+            while k and text[i] != text[k]:
+                k = fail[k - 1]
+            if text[i] == text[k]:
+                k += 1
+            fail[i] = k
+        self.fail = fail
+        """``fail[i]``: the longest proper prefix of ``text[:i + 1]`` that is also its
+        suffix."""
+        self.matched = 0
+
+    def feed(self, c: str) -> bool:
+        """One more character of the text; True when the stop string ends with it."""
+        s, k = self.text, self.matched
+        while k and s[k] != c:
+            k = self.fail[k - 1]
+        if s[k] == c:
+            k += 1
+        if k == len(s):
+            self.matched = self.fail[k - 1]
+            return True
+        self.matched = k
+        return False
+
+
 class TextAssembler:
     """Tokens -> text: bytes decoded incrementally (a character can span tokens), and text
     that might begin a stop sequence held back until it cannot."""
 
     def __init__(self, stop: tuple[str, ...]) -> None:
         self.stop = stop
+        self._stops = [_Stop(s) for s in stop]
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self.text = ""
         self.sent = 0
@@ -173,30 +233,32 @@ class TextAssembler:
         reached ``min_tokens`` yet); everything decoded so far is released."""
         self.text += self._decoder.decode(piece)
         self.floor = len(self.text)
+        for stop in self._stops:  # a stop must begin after this text
+            stop.matched = 0
         return self._release(len(self.text))
 
     def add(self, piece: bytes) -> str:
         """Append a token's bytes; returns the text that may be released now."""
+        start = len(self.text)
         self.text += self._decoder.decode(piece)
-        if self.stop:
-            start = max(self.floor, self.sent - max(len(s) for s in self.stop))
-            hits = [i for i in (self.text.find(s, start) for s in self.stop) if i >= 0]
-            if hits:
-                self.text = self.text[:min(hits)]
-                self.stopped = True
-                return self._release(len(self.text))
-            return self._release(len(self.text) - self._held())
-        return self._release(len(self.text))
+        if not self._stops:
+            return self._release(len(self.text))
+        text, cut = self.text, -1
+        for stop in self._stops:  # the earliest-beginning one wins
+            for i in range(start, len(text)):
+                if stop.feed(text[i]):
+                    begin = i + 1 - len(stop.text)
+                    cut = begin if cut < 0 else min(cut, begin)
+                    break
+        if cut >= 0:
+            self.text = text[:cut]
+            self.stopped = True
+            return self._release(cut)
+        return self._release(len(text) - self._held())
 
     def _held(self) -> int:
         """Length of the longest tail of the text that is a proper prefix of a stop."""
-        best = 0
-        for s in self.stop:
-            for k in range(min(len(s) - 1, len(self.text)), best, -1):
-                if self.text.endswith(s[:k]):
-                    best = k
-                    break
-        return best
+        return max(stop.matched for stop in self._stops)
 
     def flush(self) -> str:
         """At the end: whatever was held back (it did not become a stop)."""

@@ -15,6 +15,9 @@ cached and routed like any other.
 The HTTP side (pool, headers, the safe retry, bounded bodies, status mapping) is
 ``upstream_http.py``. Its address, model and credentials come from the config only; the
 upstream's keys are read from the environment at load (an unset one is a config error).
+Tenants that share a credential on the upstream get nothing of the upstream's shared state
+(its ``cached_tokens``, its ``Server-Timing``): ``UpstreamClient.reveals``; load warns once
+which tenants those are, and what gives them their own (``tenant_keys_env``).
 ``alive`` means started: a dead upstream does not make this server unready (the router's
 breaker skips it); admission is by requests in flight (``max_queue_depth``,
 ``max_concurrency``).
@@ -27,6 +30,7 @@ import logging
 import os
 import re
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +40,7 @@ import orjson
 from sokuji import http_client
 from sokuji.config import ModelConfig
 from sokuji.core import policy, text_tensors
+from sokuji.core.limits import Limit
 from sokuji.core.model import (
     NOTHING,
     Api,
@@ -50,7 +55,7 @@ from sokuji.core.model import (
 from sokuji.core.request import Stage
 from sokuji.core.tensor import InferRequest, Tensor
 from sokuji.errors import ConfigError, InvalidInput, ModelNotReady
-from sokuji.llm.request import Timing
+from sokuji.llm.request import STOP_LIMITS, Timing
 from sokuji.routing.config import UpstreamOptions
 from sokuji.routing.upstream_codec import DTYPES, completion_request, embeddings, v2_output
 from sokuji.routing.upstream_http import (
@@ -133,9 +138,13 @@ class UpstreamCall:
 
 
 class UpstreamModel(ModelBase):
-    def __init__(self, config: ModelConfig, options: UpstreamOptions) -> None:
+    def __init__(self, config: ModelConfig, options: UpstreamOptions,
+                 tenants: Collection[str] = ()) -> None:
+        """``tenants``: every tenant configured on this server (its ``api_keys``); empty:
+        none are, every caller is one."""
         self.config = config
         self.options = options
+        self.tenants = frozenset(tenants)
         if options.protocol == "v2" and options.task != "embeddings":
             raise ConfigError.for_key(f"models.{config.name}.options.task", options.task,
                                       "protocol v2 serves encoders only (use openai for chat)")
@@ -148,6 +157,13 @@ class UpstreamModel(ModelBase):
         self.input_name = "text"
         """The upstream's input (V2)."""
         self.metadata = self._describe(options.dims or -1, "embedding")
+        answer = Limit("options.max_response_bytes", options.max_response_bytes, "bytes",
+                       "bytes of one upstream answer held (a stream's events together); "
+                       "past it the answer is cut off, 502")
+        self.limits = (answer, *STOP_LIMITS) if self.generates else (answer,)
+        """The most it holds for one request; the work is the upstream's, bounded there
+        (its own max_tokens, context and limits), and the request's bytes are the
+        server's."""
         self.in_flight = 0
         self._started = False
         self._idle = asyncio.Event()
@@ -187,6 +203,16 @@ class UpstreamModel(ModelBase):
         self.client.default_key = self._env(f"{at}.api_key_env", opts.api_key_env)
         self.client.keys = {tenant: self._env(f"{at}.tenant_keys_env.{tenant}", var)
                             for tenant, var in opts.tenant_keys_env.items()}
+        shared = self.client.share(self.tenants)
+        if shared:
+            log.warning(
+                "model '%s': tenants %s are sent to the upstream at %s with a credential "
+                "another tenant shares (api_key_env, or one key in tenant_keys_env), so the "
+                "upstream's caches and timings reflect each other's requests: their answers "
+                "carry no usage.prompt_tokens_details.cached_tokens (0) and none of the "
+                "upstream's Server-Timing. Give each tenant its own key on the upstream "
+                "(options.tenant_keys_env = { tenant = \"ENV_VAR\" }) to pass them through",
+                self.name, ", ".join(shared), opts.url)
         if self.generates:
             return
         if opts.protocol == "v2":
@@ -338,7 +364,8 @@ class UpstreamModel(ModelBase):
         self._idle.clear()
         if isinstance(prepared, PreparedCompletion):
             return UpstreamGeneration(self.client, prepared.path, prepared.body,
-                                      prepared.chat, ctx, self._done, timing)
+                                      prepared.chat, ctx, self._done, timing,
+                                      reveal=self.client.reveals(ctx.tenant))
         task = asyncio.get_running_loop().create_task(self._encode(prepared, ctx))
         task.add_done_callback(lambda _: self._done())
         return UpstreamCall(task, prepared)
@@ -368,8 +395,9 @@ class UpstreamModel(ModelBase):
                 "model": opts.upstream_model, "input": prepared.texts,
                 "encoding_format": "float"}, ctx)
         if ctx.timeline is not None:  # the hop, and the upstream's own total if it says
-            ctx.timeline.mark(Stage.INFER)
-            total = _TOTAL.search(headers.get("server-timing", ""))
+            ctx.timeline.mark(Stage.INFER)  # (and if it may: ``UpstreamClient.reveals``)
+            total = _TOTAL.search(headers.get("server-timing", "")) \
+                if self.client.reveals(ctx.tenant) else None
             ctx.timeline.notes.setdefault(
                 Stage.INFER, f"upstream {total.group(1)} ms" if total else "upstream")
         try:

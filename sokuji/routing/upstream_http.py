@@ -14,6 +14,13 @@ from what the upstream answered (or failed to) to Sokuji's typed errors.
   then refuses work it cannot start in time), its priority, ``traceparent`` (traced: our
   span's, ``tracing.Hop``; else the client's if valid), a request id, and the upstream's
   own bearer key (per tenant, else the model's): never the client's.
+- **Shared credentials** (``reveals``): what an answer tells of the upstream's own state
+  (its cache hits: ``cached_tokens``; its timings: ``Server-Timing``) reflects every request
+  sent with the same credential. It reaches a tenant only when that tenant's credential on
+  the upstream is its own (a key no other configured tenant is sent with); otherwise
+  it is withheld, so one tenant cannot probe what another sent (the token-by-token oracle
+  of a shared prompt cache). With no keys configured there is one caller and nothing is
+  withheld.
 - **Errors** (each says ``before_response``: no response byte came, so another target may
   safely answer; ``target_fault``: the target, not the client or the deadline, failed;
   ``retry_after_s`` where the upstream said): 400/404/413/415/422 stay the client's fault
@@ -28,7 +35,8 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections import Counter
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import aiohttp
@@ -209,6 +217,9 @@ class UpstreamClient:
         self.keys: dict[str, str] = {}
         """tenant -> bearer key (read from the environment at load)."""
         self.default_key = ""
+        self.own_credential: frozenset[str] | None = None
+        """The tenants whose credential on the upstream no other tenant shares (``share``);
+        None: no keys are configured here, one caller."""
         self.session: aiohttp.ClientSession | None = None
         self.on_attempt: OnAttempt | None = None
 
@@ -252,10 +263,31 @@ class UpstreamClient:
                "x-request-id": ctx.request_id or uuid.uuid4().hex}
         if valid_traceparent(ctx.traceparent):  # (traced: ``post`` puts our span's)
             out["traceparent"] = ctx.traceparent
-        key = self.keys.get(ctx.tenant, self.default_key)
+        key = self.key_of(ctx.tenant)
         if key:
             out["authorization"] = f"Bearer {key}"
         return out
+
+    def key_of(self, tenant: str) -> str:
+        return self.keys.get(tenant, self.default_key)
+
+    def share(self, tenants: Collection[str]) -> list[str]:
+        """Decide, once (at load, with the keys read), whose answers may carry the
+        upstream's shared state: ``tenants`` are every tenant configured on this server
+        (empty: no keys, one caller). Returns the tenants that share a credential, sorted."""
+        if not tenants:
+            self.own_credential = None
+            return []
+        users = Counter(self.key_of(t) for t in tenants)
+        # no key: the upstream takes anyone's requests as one caller's
+        self.own_credential = frozenset(t for t in tenants
+                                        if self.key_of(t) and users[self.key_of(t)] == 1)
+        return sorted(set(tenants) - self.own_credential)
+
+    def reveals(self, tenant: str) -> bool:
+        """Whether what the upstream's own state shows (cache hits, its timings) may reach
+        ``tenant``: its credential there is its own, or there is only one caller."""
+        return self.own_credential is None or tenant in self.own_credential
 
     def report(self, attempt: Attempt, code: int | str) -> None:
         if attempt.done:

@@ -47,9 +47,12 @@ class UpstreamGeneration(EventQueue):
 
     def __init__(self, client: UpstreamClient, path: str, body: bytes, chat: bool,
                  ctx: RequestContext, on_done: Callable[[], None],
-                 timing: Timing | None = None) -> None:
+                 timing: Timing | None = None, reveal: bool = True) -> None:
+        """``reveal``: the upstream's cache hits may reach the caller
+        (``UpstreamClient.reveals``); False: its ``cached_tokens`` are not read."""
         self.client = client
         self.chat = chat
+        self.reveal = reveal
         self.timing = timing if timing is not None else Timing(arrival_ns=ctx.arrival_ns)
         """A pipeline passes its own (its steps before this generation are its time)."""
         self.timing.submitted_ns = time.perf_counter_ns()
@@ -194,6 +197,8 @@ class UpstreamGeneration(EventQueue):
             self.timing.prompt_tokens = prompt
         if isinstance(completion, int):
             self.completion_tokens = completion
+        if not self.reveal:
+            return
         details = usage.get("prompt_tokens_details")
         cached = details.get("cached_tokens") if isinstance(details, dict) else None
         if isinstance(cached, int):

@@ -21,7 +21,7 @@ import orjson
 from sokuji.core.model import GenerationInput
 from sokuji.errors import InvalidInput
 from sokuji.llm.chat import validate_messages
-from sokuji.llm.request import Timing
+from sokuji.llm.request import STOP_SEQUENCES, Timing, check_stops
 from sokuji.server.openai_api import parse_request
 
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "stop", "seed", "n", "stream",
@@ -156,14 +156,16 @@ def decode(body: bytes, chat: bool) -> CompletionRequest:
         stop: tuple[str, ...] = ()
     elif isinstance(stop_raw, str):
         stop = (stop_raw,) if stop_raw else ()
-    elif isinstance(stop_raw, list) and all(isinstance(s, str) and s for s in stop_raw):
-        if len(stop_raw) > 4:
-            raise InvalidInput(f"'stop' has {len(stop_raw)} sequences; at most 4",
-                               param="stop")
+    elif isinstance(stop_raw, list):
+        STOP_SEQUENCES.check(len(stop_raw), "'stop'")  # before looking at each
+        if not all(isinstance(s, str) and s for s in stop_raw):
+            raise InvalidInput("'stop' must be a string or a list of up to 4 non-empty "
+                               "strings", param="stop")
         stop = tuple(stop_raw)
     else:
         raise InvalidInput("'stop' must be a string or a list of up to 4 non-empty strings",
                            param="stop")
+    check_stops(stop)
     stream = doc.get("stream", False)
     if not isinstance(stream, bool) and stream is not None:
         raise InvalidInput(f"'stream' must be a boolean, got {stream!r}", param="stream")

@@ -4,17 +4,20 @@ limits (sizes before tokenising), and the llama runtime's options."""
 
 from __future__ import annotations
 
+import random
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from sokuji.config import ModelConfig
+from sokuji.core.limits import LimitExceeded
 from sokuji.errors import ConfigError, InvalidInput, ModelNotReady
 from sokuji.llm.options import LlamaOptions
 from sokuji.llm.prefix_cache import Match, PrefixCache
 from sokuji.llm.prompt import PromptBuilder
-from sokuji.llm.request import TextAssembler
+from sokuji.llm.request import STOP_BYTES, STOP_SEQUENCES, TextAssembler
 from sokuji.llm.runtime import LlamaRuntime
 from sokuji.server import llm_codec
 from tests.conftest import options_of
@@ -136,7 +139,6 @@ def test_chat_request_decodes_with_openai_defaults() -> None:
     ({"top_p": 0}, "top_p"),
     ({"max_tokens": 0}, "max_tokens"),
     ({"max_tokens": "5"}, "max_tokens"),
-    ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
     ({"stop": [1]}, "stop"),
     ({"logprobs": True}, "logprobs"),
     ({"tools": [{"type": "function"}]}, "tools"),
@@ -153,6 +155,29 @@ def test_chat_request_errors_name_the_field(fields: dict[str, object], param: st
     with pytest.raises(InvalidInput) as exc:
         llm_codec.decode(chat_body(**fields), chat=True)
     assert exc.value.param == param
+
+
+def test_stop_strings_past_their_limits_are_refused_before_the_engine() -> None:
+    """Issue 25: four 1 MB stop strings cost 1.3 s of engine CPU a generation. Now: 413
+    naming the limit, from the codec (every generator), the strings not even encoded."""
+    megabyte = "x" * 1_000_000
+    t0 = time.perf_counter()
+    with pytest.raises(LimitExceeded) as exc:
+        llm_codec.decode(chat_body(stop=[megabyte] * 4), chat=True)
+    assert time.perf_counter() - t0 < 1.0  # one JSON parse of 4 MB, no more
+    assert exc.value.status == 413 and exc.value.param == "stop.bytes"
+    assert "'stop[0]' needs 1e+06 bytes" in exc.value.message and "stop.bytes = 512" in \
+        exc.value.message
+    with pytest.raises(LimitExceeded) as exc:
+        llm_codec.decode(chat_body(stop=megabyte), chat=True)  # one string
+    with pytest.raises(LimitExceeded) as exc:
+        llm_codec.decode(chat_body(stop=["a", "b", "€" * 171]), chat=True)  # 513 bytes
+    assert exc.value.need == 513 and exc.value.limit is STOP_BYTES
+    with pytest.raises(LimitExceeded) as exc:
+        llm_codec.decode(chat_body(stop=["a"] * 5), chat=True)
+    assert exc.value.param == "stop" and exc.value.limit is STOP_SEQUENCES
+    ok = llm_codec.decode(chat_body(stop=["x" * 512, "€" * 170, "c", "d"]), chat=True)
+    assert len(ok.stop) == 4
 
 
 def test_completion_prompt_forms() -> None:
@@ -307,6 +332,20 @@ def test_token_ids_are_counted_before_they_are_checked() -> None:
         b.tokens(text="")
 
 
+def test_the_stated_limits_and_the_count_of_messages() -> None:
+    b = builder()
+    stated = {limit.key: limit.value for limit in b.limits_stated}
+    assert stated == {"options.max_prompt_tokens": 100, "options.max_new_tokens": 50,
+                      "options.context_size": 101, "messages": 100, "stop": 4,
+                      "stop.bytes": 512}
+    rendered: list[int] = []
+    b.chat = type("Spy", (), {"render": lambda self, m: rendered.append(len(m)) or "x"})()
+    with pytest.raises(LimitExceeded) as exc:  # each renders to a token at least
+        b.tokens(messages=[{"role": "user", "content": ""}] * 101)
+    assert exc.value.param == "messages" and rendered == []  # refused before templating
+    assert b.tokens(messages=[{"role": "user", "content": ""}] * 100) == [1]
+
+
 def test_sampling_limits_name_the_field() -> None:
     b = builder()
     p = b.sampling(10, chat=False, max_tokens=None, min_tokens=5, ignore_eos=True)
@@ -403,3 +442,57 @@ def test_many_empty_messages_are_prepared_off_the_loop() -> None:
     # Templating 200 empty messages is as much work as one long one: not inline.
     assert _size(chat([{"role": "user", "content": ""}] * 200)) > INLINE_MAX_CHARS
     assert _size(chat([{"role": "user", "content": "Hi"}])) <= INLINE_MAX_CHARS
+
+
+# -- stop strings: found in time linear in the text, whatever their length (issue 25) ------
+def naive_releases(stops: tuple[str, ...], pieces: list[str], unchecked: int
+                   ) -> tuple[list[str], bool]:
+    """What a TextAssembler releases, and whether it stops, by rescanning everything at
+    every piece."""
+    text, sent, floor, out = "", 0, 0, []
+    for n, piece in enumerate(pieces):
+        text += piece
+        if n < unchecked:
+            floor = len(text)
+            out.append(text[sent:])
+            sent = len(text)
+            continue
+        hits = [i for s in stops for i in [text.find(s, floor)] if i >= 0]
+        if hits:
+            out.append(text[sent:min(hits)])
+            return out, True
+        held = max((k for s in stops for k in range(1, len(s))
+                    if len(text) - k >= floor and text.endswith(s[:k])), default=0)
+        out.append(text[sent:len(text) - held])
+        sent = len(text) - held
+    return out, False
+
+
+def test_stop_strings_match_a_rescan_of_the_whole_text() -> None:
+    rng = random.Random(25)
+    for _ in range(3000):
+        stops = tuple("".join(rng.choice("ab") for _ in range(rng.randint(1, 5)))
+                      for _ in range(rng.randint(1, 4)))
+        pieces = ["".join(rng.choice("abc") for _ in range(rng.randint(0, 3)))
+                  for _ in range(rng.randint(1, 12))]
+        unchecked = rng.randint(0, 3)
+        asm = TextAssembler(stops)
+        got = [asm.add_unchecked(p.encode()) if n < unchecked else asm.add(p.encode())
+               for n, p in enumerate(pieces)]
+        want, stopped = naive_releases(stops, pieces, unchecked)
+        assert got[:len(want)] == want and asm.stopped == stopped, (stops, pieces, unchecked)
+
+
+def test_long_stop_strings_cost_per_character_not_per_length() -> None:
+    """Four stops of 64 KiB against 2,000 tokens of text: looking over the text's tail for
+    a beginning of each stop at every token took seconds; the automaton takes the same few
+    steps a character as for four stops of 16 bytes."""
+    def seconds(length: int) -> float:
+        asm = TextAssembler(tuple(c * length for c in "bcde"))
+        t0 = time.perf_counter()
+        for _ in range(2000):
+            asm.add(b"a")
+        return time.perf_counter() - t0
+
+    short = min(seconds(16) for _ in range(3))
+    assert seconds(64 * 1024) < 20 * short + 0.05

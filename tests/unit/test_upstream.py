@@ -19,7 +19,7 @@ from aiohttp import web
 
 from sokuji.config import ModelConfig
 from sokuji.core.model import RequestContext
-from sokuji.core.request import Priority
+from sokuji.core.request import Priority, Stage, Timeline
 from sokuji.errors import ConfigError, DeadlineExceeded, Overloaded, SokujiError
 from sokuji.llm.request import Delta, Finish
 from sokuji.routing.config import UpstreamOptions
@@ -64,7 +64,8 @@ class Stub:
                                               "shape": list(rows.shape),
                                               "parameters": {"binary_data_size": rows.nbytes}}]})
             return web.Response(body=head + rows.tobytes(), headers={
-                "inference-header-content-length": str(len(head))})
+                "inference-header-content-length": str(len(head)),
+                "server-timing": "infer;dur=0.2, total;dur=0.28"})
         if mode.isdigit():
             status = int(mode)
             headers = {"retry-after": self.retry_after} if status in (429, 503) else {}
@@ -110,7 +111,8 @@ class Stub:
             {"choices": [{"delta": {"role": "assistant"}, "finish_reason": None}]}]
         events += [{"choices": [{**part(t), "finish_reason": None}]} for t in ("Hel", "lo", " you")]
         events += [{"choices": [{**part(None), "finish_reason": "stop"}]},
-                   {"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 3}}]
+                   {"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 3,
+                                             "prompt_tokens_details": {"cached_tokens": 7}}}]
         raw = b"".join(b"data: " + orjson.dumps(e) + b"\r\n\r\n" for e in events)
         if self.mode == "ok":  # one byte at a time through an event, then the rest at once
             for i in range(40):
@@ -153,18 +155,19 @@ async def stub() -> AsyncIterator[Stub]:
 
 
 def ctx(tenant: str = "t1", deadline_ms: float | None = None,
-        traceparent: str | None = TRACE) -> RequestContext:
+        traceparent: str | None = TRACE, timeline: Timeline | None = None) -> RequestContext:
     now = time.perf_counter_ns()
     return RequestContext(tenant=tenant, priority=Priority.BATCH, arrival_ns=now,
                           deadline_ns=None if deadline_ms is None else now + int(deadline_ms * 1e6),
-                          request_id="r-1", traceparent=traceparent)
+                          request_id="r-1", traceparent=traceparent, timeline=timeline)
 
 
-async def started(url: str, max_queue_depth: int = 64, **options: Any) -> UpstreamModel:
+async def started(url: str, max_queue_depth: int = 64, tenants: tuple[str, ...] = (),
+                  **options: Any) -> UpstreamModel:
     options.setdefault("protocol", "v2")
     opts = UpstreamOptions(url=url, upstream_model="m", **options)
     model = UpstreamModel(ModelConfig(name="far", runtime="upstream",
-                                      max_queue_depth=max_queue_depth), opts)
+                                      max_queue_depth=max_queue_depth), opts, tenants)
     await asyncio.to_thread(model.load)
     model.start()
     return model
@@ -377,9 +380,9 @@ async def test_a_reused_connection_closed_by_the_server_is_retried_once() -> Non
     server.close()
 
 
-async def chat(model: UpstreamModel, body: dict[str, Any]) -> Any:
+async def chat(model: UpstreamModel, body: dict[str, Any], tenant: str = "t1") -> Any:
     req = llm_codec.decode(orjson.dumps({"model": "far", **body}), "messages" in body)
-    c = ctx()
+    c = ctx(tenant)
     return model.submit(await model.prepare(req, c), c)
 
 
@@ -437,4 +440,57 @@ async def test_cancel_closes_the_upstream_stream(stub: Stub) -> None:
     await asyncio.wait_for(stub.gone.wait(), 10)  # the upstream saw the disconnect
     await asyncio.sleep(0)
     assert model.in_flight == 0
+    await model.stop()
+
+
+@pytest.mark.parametrize(("keys", "own"), [
+    ({}, ()),  # the README's example: api_key_env alone, every tenant on it
+    ({"t1": "K1", "t2": "K2", "t3": "K3"}, ("t1", "t2", "t3")),
+    ({"t1": "K1", "t2": "K1", "t3": "K3"}, ("t3",)),  # one key under two tenants
+    ({"t1": "K1"}, ("t1",)),  # t2 and t3 share api_key_env's
+    ({"t1": "UP"}, ()),  # t1's key is api_key_env's, which t2 and t3 are sent with
+])
+async def test_a_shared_upstream_credential_reveals_nothing_of_the_upstreams_state(
+        stub: Stub, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+        keys: dict[str, str], own: tuple[str, ...]) -> None:
+    """Issue 25: tenant 2 probing tenant 1's prompt through a shared upstream key read the
+    upstream's cached_tokens (18 for a wrong guess, 20 for the right one) and its
+    Server-Timing. Only a tenant whose upstream key is its own sees them."""
+    for var in ("UP", "K1", "K2", "K3"):
+        monkeypatch.setenv(var, f"{var.lower()}-secret")
+    tenants = ("t1", "t2", "t3")
+    env = {t: var for t, var in keys.items()}
+    with caplog.at_level("WARNING", logger="sokuji.routing.upstream"):
+        gen_model = await started(stub.url, protocol="openai", task="chat", tenants=tenants,
+                                  api_key_env="UP", tenant_keys_env=env)
+        enc_model = await started(stub.url, tenants=tenants, api_key_env="UP",
+                                  tenant_keys_env=env)
+    shared = sorted(set(tenants) - set(own))
+    warned = [r.getMessage() for r in caplog.records if "tenant_keys_env" in r.getMessage()]
+    assert len(warned) == (2 if shared else 0)
+    assert all(f"tenants {', '.join(shared)} are sent" in w and "cached_tokens" in w
+               and "Server-Timing" in w for w in warned)
+    for tenant in tenants:
+        gen = await chat(gen_model, {"prompt": "hi", "stream": True,
+                                     "stream_options": {"include_usage": True}}, tenant)
+        _, finish, _ = await drain(gen)
+        timeline = Timeline()
+        c = ctx(tenant, timeline=timeline)
+        await enc_model.submit(await enc_model.prepare(["a"], c), c).result()
+        seen = tenant in own
+        usage = llm_codec.Encoder.usage(gen.timing, finish.completion_tokens)
+        assert usage["prompt_tokens_details"]["cached_tokens"] == (7 if seen else 0), tenant
+        assert ("prefix-cache;desc=\"hit 7" in gen.timing.server_timing()) is seen
+        assert gen.timing.prompt_tokens == 9  # the request's own count is its own
+        assert timeline.notes[Stage.INFER] == ("upstream 0.28 ms" if seen else "upstream")
+    await gen_model.stop()
+    await enc_model.stop()
+
+
+async def test_one_caller_sees_the_upstreams_state(stub: Stub) -> None:
+    """No keys configured here: every caller is one tenant, nothing to keep apart."""
+    model = await started(stub.url, protocol="openai", task="chat")
+    gen = await chat(model, {"prompt": "hi"}, "anonymous")
+    await drain(gen)
+    assert gen.timing.reused_tokens == 7 and gen.timing.prefix_lookup == "hit"
     await model.stop()

@@ -14,7 +14,8 @@ class UpstreamKind(Kind):
     def build(self, model: ModelConfig, options: UpstreamOptions, env: BuildEnv) -> Built:
         from sokuji.routing.upstream import UpstreamModel
 
-        upstream = UpstreamModel(model, options)
+        upstream = UpstreamModel(model, options,
+                                 tenants={key.tenant for key in env.server.api_keys})
         upstream.load()
         return Built(upstream)
 
