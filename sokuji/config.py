@@ -135,7 +135,8 @@ class ApiKey(_Table, frozen=True):
     """The highest class this tenant's requests may ask for (``batch``: a priority header or
     parameter cannot lift them to interactive)."""
     admin: bool = False
-    """May read /metrics (when ``metrics_require_key``) and every model's statistics."""
+    """May read statistics, and /metrics and the dashboard's data (unless ``metrics_require_key``
+    is false): they show every tenant's traffic."""
     callback_secret: Secret = ""
     """HMAC key signing this tenant's job callbacks; empty: ``jobs.callback_secret``."""
     max_pending_jobs: ZeroOrMore = 0
