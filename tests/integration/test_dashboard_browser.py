@@ -219,3 +219,37 @@ def test_the_page_asks_for_an_admin_key(browser: Any) -> None:
         # the browser reports the 401 and the 403 it was answered, and nothing else
         assert sorted(s for s, _ in watch.statuses) == [401, 403]
         assert all("status of 40" in e for e in watch.errors), watch.errors
+
+
+def test_the_page_pages_through_a_bounded_answer(browser: Any) -> None:
+    """An answer of /dashboard/data is bounded (``more``, ``upto``): the page asks again at
+    once from ``upto`` until it has everything, and draws it all. Each answer is cut to one
+    point here, as a server with more than its bound's worth kept would cut it."""
+    with sokuji_server(SYNTH) as url:
+        deadline = time.monotonic() + 20
+        while httpx.get(f"{url}/dashboard/data").json()["seq"] < 4:
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        asked: list[str] = []
+
+        def one_point(route: Any) -> None:
+            asked.append(route.request.url)
+            response = route.fetch()
+            doc = response.json()
+            if len(doc["points"]) > 1:
+                doc["points"] = doc["points"][:1]
+                doc["upto"] = doc["points"][0]["seq"]
+                doc["more"] = doc["upto"] < doc["seq"]
+            route.fulfill(response=response, json=doc)
+
+        page = browser.new_page()
+        watch = Watch(page)
+        page.route("**/dashboard/data*", one_point)
+        page.goto(f"{url}/dashboard")
+        until(page, "() => Number(document.body.dataset.points || 0) >= 4")
+        sinces = [u.partition("since=")[2] for u in asked]
+        assert sinces[0] == "" and sinces[1:4] == ["1", "2", "3"], asked  # one after another
+        seqs = page.evaluate("() => document.body.dataset.seq")
+        assert int(seqs) >= 4
+        page.close()
+        assert watch.errors == [] and watch.statuses == []
