@@ -133,8 +133,8 @@ class SokujiApp:
         if method != allowed:
             error = MethodNotAllowed(f"{method} is not allowed on {path}; use {allowed}",
                                      allow=(allowed,))
-            if route is not None:
-                self._failed(route[1], error, t0, tenant)
+            if route is not None and tenant.may_use(route[1].get("model_name", "")):
+                self._failed(route[1], error, t0, tenant)  # (not a model it may not use)
             await error_reply(error, style).send(send)
             return
         if generation:

@@ -71,6 +71,7 @@ def test_refusals_for_the_key_count_for_no_model(keyed: TestClient) -> None:
         assert keyed.get(INFER).status_code == 401  # the key first, then the method
     for _ in range(20):
         assert keyed.post(INFER, json=BODY, headers=BOLT).status_code == 403
+        assert keyed.get(INFER, headers=BOLT).status_code == 405  # (not bolt's model: no count)
     r = keyed.post("/v1/chat/completions", headers=BOLT, json={
         "model": "synth", "messages": [{"role": "user", "content": "hi"}]})
     assert r.status_code == 403
