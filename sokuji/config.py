@@ -135,7 +135,8 @@ class ApiKey(_Table, frozen=True):
     """The highest class this tenant's requests may ask for (``batch``: a priority header or
     parameter cannot lift them to interactive)."""
     admin: bool = False
-    """May read /metrics (when ``metrics_require_key``) and every model's statistics."""
+    """May read statistics, and /metrics and the dashboard's data (unless ``metrics_require_key``
+    is false): they show every tenant's traffic."""
     callback_secret: Secret = ""
     """HMAC key signing this tenant's job callbacks; empty: ``jobs.callback_secret``."""
     max_pending_jobs: ZeroOrMore = 0
@@ -233,8 +234,16 @@ class ServerConfig(_Table, frozen=True):
     jobs: JobsConfig = JobsConfig()
     ray: RayConfig = RayConfig()
     """Scale-out on Ray Serve (``sokuji serve --ray`` only): ``config_scale.py``."""
-    metrics_require_key: bool = False
-    """/metrics needs an API key marked ``admin`` (when keys are configured)."""
+    metrics_require_key: bool = True
+    """When API keys are configured, /metrics and the dashboard's data need a key marked
+    ``admin``; false opens both (a scraper on a private network). With no keys the server is
+    open whatever this says."""
+    allowed_hosts: tuple[str, ...] = ()
+    """The names the server answers to in the ``Host`` header (any port): a host name, an IP
+    address, ``*.example.com`` (its subdomains) or ``*`` (any). Empty: bound to a loopback
+    ``host``, ``localhost``, ``127.0.0.1``, ``::1`` and ``host`` itself (a DNS-rebinding page
+    gets 421); bound to any other address, any name (then API keys are the protection).
+    ``SOKUJI_ALLOWED_HOSTS``: comma-separated."""
     models_require_key: bool = True
     """/v1/models needs an API key and lists only the caller's models (when keys are
     configured)."""
@@ -251,6 +260,8 @@ _TABLES = ("models", "pipelines", "api_keys", "cache", "jobs", "slos", "tracing"
 _SCALARS = tuple(k for k in ServerConfig.__struct_fields__ if k not in _TABLES)
 """The top-level keys that ``SOKUJI_<KEY>`` environment variables and CLI flags may set."""
 _BOOLS = {k for k in _SCALARS if isinstance(getattr(ServerConfig(), k), bool)}
+_LISTS = {"allowed_hosts"}
+"""Top-level lists an environment variable or a flag spells comma-separated."""
 _WORDS = {"yes": True, "on": True, "no": False, "off": False}  # beside true/false/1/0
 
 
@@ -288,6 +299,8 @@ def validate(config: ServerConfig) -> ServerConfig:
 def _word(key: str, value: Any) -> Any:
     if key in _BOOLS and isinstance(value, str):
         return _WORDS.get(value.lower(), value)
+    if key in _LISTS and isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
     return value
 
 
@@ -330,6 +343,7 @@ def _check(config: ServerConfig) -> ServerConfig:
                 raise ConfigError.for_key(f"api_keys[{i}].models", name, "no such model")
         _check_hosts(f"api_keys[{i}].callback_allow", k.callback_allow)
     _check_hosts("jobs.callback_allow", config.jobs.callback_allow)
+    _check_allowed_hosts(config.allowed_hosts)
     _check_slos(config, seen)
     if config.jobs.max_stored_bytes_per_tenant < config.max_request_bytes:
         raise ConfigError.for_key("jobs.max_stored_bytes_per_tenant",
@@ -372,6 +386,23 @@ def _check_hosts(key: str, entries: tuple[str, ...]) -> None:
                 raise ValueError("must be a host name, an IP address or a CIDR network")
         except ValueError as exc:
             raise ConfigError.for_key(key, entry, str(exc)) from None
+
+
+def _check_allowed_hosts(entries: tuple[str, ...]) -> None:
+    """An ``allowed_hosts`` entry: ``*``, ``*.`` and a host name, a host name or an IP
+    address (an IPv6 one with or without its brackets); no port."""
+    import ipaddress
+
+    for i, entry in enumerate(entries):
+        name = entry[2:] if entry.startswith("*.") else entry
+        if entry == "*" or re.fullmatch(r"[A-Za-z0-9_]([A-Za-z0-9_.-]{0,252})", name):
+            continue
+        try:
+            ipaddress.ip_address(name.removeprefix("[").removesuffix("]"))
+        except ValueError:
+            raise ConfigError.for_key(
+                f"allowed_hosts[{i}]", entry, "must be '*', a host name, '*.' and a host "
+                "name, or an IP address (no port)") from None
 
 
 def _check_semantic_caches(config: ServerConfig) -> None:

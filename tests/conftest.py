@@ -24,7 +24,8 @@ CACHE_DIR = Path(os.environ.get("SOKUJI_TEST_CACHE_DIR", ROOT / ".cache" / "soku
 def client_for(config: cfg.ServerConfig) -> TestClient:
     metrics = Metrics()
     repo = ModelRepository.load(config, on_batch=metrics.batch_observer)
-    return TestClient(create_app(config, repo, metrics), raise_server_exceptions=False)
+    return TestClient(create_app(config, repo, metrics), base_url="http://localhost",
+                      raise_server_exceptions=False)  # a name a loopback server answers to
 
 
 def options_of(model: cfg.ModelConfig) -> Any:

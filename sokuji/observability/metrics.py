@@ -89,6 +89,10 @@ class Metrics:
         self.requests = Counter(
             "sokuji_requests", "Requests answered, by model and HTTP status.",
             ["model", "status"], registry=r)
+        self.auth_failures = Counter(
+            "sokuji_auth_failures", "Requests refused for their key (401: none or unknown; "
+            "403: not allowed the model), counted apart from any model: who may be anyone.",
+            ["status"], registry=r)
         self.cache_requests = Counter(
             "sokuji_cache_requests", "Response-cache lookups by result (hit, miss, coalesced, "
             "bypass).", ["model", "result"], registry=r)

@@ -19,12 +19,16 @@ the previous tick into one point per model:
 A point is serialised once, when it is taken; ``since(seq)`` joins the serialised points
 after ``seq``, so the page's poll every second costs a few ``bytes.join``. The tick's own
 cost is in each point (``tick_us``): tens to hundreds of microseconds once a second.
+An answer holds at most ``MAX_BYTES`` of points (at least one), the oldest first: a page
+that starts (15 minutes kept, ~1 KB a point with four models) asks again from where the
+answer ended (``upto``) until ``more`` is false.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import secrets
 import time
@@ -49,6 +53,8 @@ log = logging.getLogger(__name__)
 INTERVAL_S = 1.0
 KEEP = 900
 """Points kept: 15 minutes at one a second."""
+MAX_BYTES = 128 * 1024
+"""Points in one answer of ``since``, in bytes (one point more than this is still sent)."""
 MAX_ROWS = 50_000
 """Requests per model and interval kept for the percentiles (the counts are exact anyway)."""
 MAX_GENERATIONS = 5_000
@@ -325,18 +331,30 @@ class Sampler:
 
     # --- reading ---------------------------------------------------------------------
 
-    def since(self, seq: int | None) -> bytes:
-        """The page's document: what the page needs to draw (boot, models, stages) and the
-        points after ``seq`` (every point kept when None, or when ``seq`` is not in this
-        run's range: the page started over)."""
+    def since(self, seq: int | None, max_bytes: int = MAX_BYTES) -> bytes:
+        """The page's document: what the page needs to draw (boot, models, stages), the
+        newest ``seq`` there is, and the points after ``seq`` (None: from the oldest kept),
+        oldest first, at most ``max_bytes`` of them (one point at least); ``upto``: the seq
+        of the last one sent (``seq`` when none), to ask ``since`` next; ``more``: points
+        after it remain. A ``seq`` beyond the newest sends none: a page of another run of
+        the server sees ``boot`` change and starts over."""
         points = self.points
-        if seq is not None and seq > self.seq:
-            seq = None
+        start = 0 if seq is None else seq
+        if points and start < points[0][0] - 1:  # older than what is kept: from the oldest
+            start = points[0][0] - 1
         taken: list[bytes] = []
-        for s, data in reversed(points):
-            if seq is not None and s <= seq:
-                break
-            taken.append(data)
-        taken.reverse()
+        size = 0
+        upto = start if start <= self.seq else self.seq
+        if points and start < self.seq:
+            first = len(points) - (self.seq - start)  # seqs are consecutive in the deque
+            for s, data in itertools.islice(points, first, None):
+                if taken and size + len(data) > max_bytes:
+                    break
+                taken.append(data)
+                size += len(data) + 1
+                upto = s
+        more = upto < self.seq
         return b"".join((self._header[:-1], b',"seq":', str(self.seq).encode(),
+                         b',"upto":', str(upto).encode(),
+                         b',"more":', b"true" if more else b"false",
                          b',"points":[', b",".join(taken), b"]}"))

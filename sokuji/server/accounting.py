@@ -4,6 +4,12 @@ by model and status, Triton's statistics (the Timeline's row, or a failure's tim
 the GenAI conventions' metrics and the request's spans when it is traced. The endpoints
 only say how the request ended; what is observed from it is decided here.
 
+A request refused for its key (401, or 403: the tenant may not use the model) counts in
+``sokuji_auth_failures_total`` only, never in a model's figures: anyone can send one, so
+counting it against the model it names would let anyone inflate that model's failures and
+spend a tenant's error budget. A failure after authorisation counts for the model and, in
+the SLOs, for the caller's own tenant.
+
 What is published after the reply is written goes through ``call_soon``, off the request's
 own latency."""
 
@@ -19,6 +25,9 @@ from sokuji.errors import ModelNotFound, SokujiError
 from sokuji.observability import tracing
 from sokuji.observability.metrics import Metrics
 from sokuji.repository.models import Model, ModelRepository
+
+AUTH_STATUSES = (401, 403)
+"""Refusals for the key: counted in ``sokuji_auth_failures_total``, never for a model."""
 
 
 class Accounting:
@@ -49,8 +58,11 @@ class Accounting:
                operation: str = "", tl: Timeline | None = None, path: str = "",
                exc: BaseException | None = None) -> None:
         """An error reply for a request naming model ``name`` (a known one counts it in its
-        metrics, statistics and, with a ``tenant``, its SLOs); ``t0``: its arrival."""
-        if name in self.repo.models:
+        metrics, statistics and, with a ``tenant``, its SLOs); ``t0``: its arrival. A refusal
+        for the key counts in ``sokuji_auth_failures_total`` instead (``unauthorised``)."""
+        if error.status in AUTH_STATUSES:
+            self.unauthorised(error)
+        elif name in self.repo.models:
             metrics = self.metrics
             metrics.requests.labels(name, str(error.status)).inc()
             if metrics.slo is not None and tenant is not None:
@@ -68,6 +80,13 @@ class Accounting:
                 self.tracer.end_request, trace, operation, name, "", tl, error.status, path,
                 exc)
 
+    def unauthorised(self, error: SokujiError) -> None:
+        """A request refused for its key (401 or 403), before or at authorisation: counted
+        with no model or tenant label. Any other error (a 405 before the key was read) is
+        not counted: who sent it is not known."""
+        if error.status in AUTH_STATUSES:
+            self.metrics.auth_failures.labels(str(error.status)).inc()
+
     def streamed(self, model: Model, t0: int) -> None:
         """A stream (``Api.STREAM``) answered to its end: its whole time as ``infer``."""
         tl = Timeline(t0)
@@ -80,7 +99,9 @@ class Accounting:
                 exc: BaseException) -> None:
         """A generation refused before submission (``name``: the model, when known)."""
         metrics = self.metrics
-        if name:
+        if error.status in AUTH_STATUSES:
+            self.unauthorised(error)
+        elif name:
             metrics.observe_failure(name, time.perf_counter_ns() - t0)
             if metrics.slo is not None:
                 metrics.observe_slo(name, tenant, None, error.status)

@@ -7,11 +7,14 @@ the route: body read (bounded) -> codec decode -> the model's ``prepare`` (token
 -> response with ``Server-Timing`` and what the handle's report adds. Generations
 (``/v1/chat/completions``, ``/v1/completions``) go to ``llm_api``; a body streamed in to a
 model serving ``Api.STREAM`` to ``stream.py``. A request's end is counted in
-``accounting.py``. Every such request is
-authenticated once, here, after its method is checked; the tenant then travels in the
-request's ``RequestContext``. Starlette's middleware and router cost ~50-80 us a request on
-this path, as much as everything else Sokuji does, so only the control plane (health,
-metadata, metrics, 404/405) goes through Starlette. The Timeline starts when the request enters.
+``accounting.py``. Every such request is authenticated once, here, before its method is
+checked (nothing is counted for a model before the caller is known); the tenant then travels
+in the request's ``RequestContext``. Starlette's middleware and router cost ~50-80 us a
+request on this path, as much as everything else Sokuji does, so only the control plane
+(health, metadata, metrics, 404/405) goes through Starlette. The Timeline starts when the
+request enters.
+Before anything else, a request's ``Host`` must be a name the server answers to (``hosts.py``:
+the DNS-rebinding defence; 421 otherwise): one dictionary lookup on this path.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from sokuji.server.accounting import Accounting
 from sokuji.server.auth import Tenant
 from sokuji.server.control import ControlPlane
 from sokuji.server.failures import ErrorStyle, error_reply, to_error
+from sokuji.server.hosts import AllowedHosts, refusal
 from sokuji.server.http import (
     ClientGone,
     Headers,
@@ -81,6 +85,8 @@ class SokujiApp:
         """The control plane's handlers (set by ``create_app``)."""
         self.metrics = inference.metrics
         self.jobs = jobs
+        self.hosts = AllowedHosts.of(inference.config)
+        """The ``Host`` names answered (``hosts.py``); None: any."""
 
     def route(self, path: str) -> Route | None:
         if path == "/v1/embeddings":
@@ -103,22 +109,32 @@ class SokujiApp:
         generation = path in llm_api.PATHS
         is_job = not generation and self.jobs is not None and path.startswith(JOBS_PREFIX)
         route = None if generation or is_job else self.route(path)
+        hosts = self.hosts
         if not (generation or is_job or route is not None):
+            if hosts is not None and not hosts.allows_raw(scope["headers"]):
+                await refusal(path).send(send)
+                return
             await self.control_plane(scope, receive, send)
             return
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        if hosts is not None and not hosts.allows(headers.get("host")):
+            await refusal(path).send(send)
+            return
         allowed = "GET" if is_job else "POST"
         style = ErrorStyle.OPENAI if generation else route[2] if route else ErrorStyle.V2
-        # The method, then who is asking: once per request, before any work.
+        # Who is asking, then the method: once per request, before any work. A refusal of
+        # the key counts for no model (accounting.py): anyone may send one.
         try:
-            if method != allowed:
-                raise MethodNotAllowed(f"{method} is not allowed on {path}; use {allowed}",
-                                       allow=(allowed,))
             tenant = self.auth.authenticate(headers)
         except SokujiError as exc:
-            error = to_error(exc, method, path)
-            if route is not None:
-                self._failed(route[1], error, t0)
+            self.accounting.unauthorised(exc)
+            await error_reply(to_error(exc, method, path), style).send(send)
+            return
+        if method != allowed:
+            error = MethodNotAllowed(f"{method} is not allowed on {path}; use {allowed}",
+                                     allow=(allowed,))
+            if route is not None and tenant.may_use(route[1].get("model_name", "")):
+                self._failed(route[1], error, t0, tenant)  # (not a model it may not use)
             await error_reply(error, style).send(send)
             return
         if generation:
@@ -128,14 +144,14 @@ class SokujiApp:
         if is_job:
             assert self.jobs is not None
             reply: Reply | None = await self.guard(
-                method, path, {}, self.jobs.status(path, tenant), style)
+                method, path, {}, self.jobs.status(path, tenant), style, tenant)
         elif self.jobs is not None and "respond-async" in headers.get("prefer", ""):
             reply = await self.guard(method, path, {}, self.jobs.submit(
-                path, headers, receive, tenant), style)
+                path, headers, receive, tenant), style, tenant)
         elif route is not None and self._streams(route[1], headers):
             reply = await self.guard(method, path, route[1], self.stream(
                 route[1], headers, scope.get("query_string", b""), receive, send, t0,
-                tenant), style, t0)
+                tenant), style, tenant, t0)
         else:
             reply = await self.respond(method, path, headers, receive, t0, tenant, route,
                                        None if self.tracer is None else self._sample(headers))
@@ -192,22 +208,25 @@ class SokujiApp:
         self.inference.repo.get(name, version)
 
     async def guard(self, method: str, path: str, params: dict[str, str],
-                    work: Awaitable[Reply | None], style: ErrorStyle,
+                    work: Awaitable[Reply | None], style: ErrorStyle, tenant: Tenant,
                     t0: int | None = None) -> Reply | None:
-        """Await ``work``; map any error to a reply in the route's format (``failures.py``).
-        An error for a known model counts as a failure in its statistics (arrival ``t0`` to
-        now)."""
+        """Await ``work`` for ``tenant`` (authenticated); map any error to a reply in the
+        route's format (``failures.py``). An error for a known model counts as a failure in
+        its statistics (arrival ``t0`` to now) and in ``tenant``'s SLOs; a 403 (the tenant
+        may not use it) counts for no model (``accounting.py``)."""
         try:
             return await work
         except ClientGone:
             return None
         except Exception as exc:  # noqa: BLE001 - every error, SokujiError or a bug: one mapper
             error = to_error(exc, method, path)
-            self._failed(params, error, t0)
+            self._failed(params, error, t0, tenant)
             return error_reply(error, style)
 
-    def _failed(self, params: dict[str, str], error: SokujiError, t0: int | None) -> None:
-        self.accounting.failed(params.get("model_name", ""), params.get("version"), error, t0)
+    def _failed(self, params: dict[str, str], error: SokujiError, t0: int | None,
+                tenant: Tenant) -> None:
+        self.accounting.failed(params.get("model_name", ""), params.get("version"), error, t0,
+                               tenant.name)
 
     async def respond(self, method: str, path: str, headers: Headers, receive: Receive,
                       t0: int, tenant: Tenant | SokujiError,

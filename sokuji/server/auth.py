@@ -11,7 +11,8 @@ server's caller stored (feature rows, cache entries, jobs).
 A tenant carries what it may do: its models (403 outside them, on the inference path and on
 the control plane alike), its default priority class and the highest class it may ask for
 (``max_priority``: a header or V2 parameter cannot lift it above), and whether it is an
-``admin`` (``/metrics`` when ``metrics_require_key``; statistics of every model).
+``admin`` (statistics, and ``/metrics`` and the dashboard's data unless
+``metrics_require_key = false``: every tenant's traffic is in them).
 
 Each key has an identity that is not the secret, ``key_id`` (16 hex digits of SHA-256 over
 ``"sokuji-key:" + key``): work accepted earlier (jobs) records it and runs with exactly that
@@ -41,7 +42,7 @@ class Tenant:
     max_priority: str | None = None
     """The highest class its requests may ask for (``batch``: never interactive)."""
     admin: bool = False
-    """May read /metrics when it needs a key, and every model's statistics."""
+    """May read statistics, /metrics and the dashboard's data (every tenant's traffic)."""
     key_id: str = ""
     """The identity of the key that authenticated it (``key_id``); empty: no keys."""
 
@@ -102,3 +103,12 @@ class Authenticator:
         if found is None:
             raise Unauthorized("unknown API key")
         return found
+
+    def admin(self, headers: Mapping[str, str], what: str) -> Tenant:
+        """The caller, if its key is marked ``admin`` (anyone with no keys configured): 401
+        without a known key, 403 naming ``what`` it may not read otherwise."""
+        tenant = self.authenticate(headers)
+        if not tenant.admin:
+            raise Forbidden(f"tenant '{tenant.name}' may not read {what}: it shows every "
+                            "tenant's traffic, so it needs an API key marked admin")
+        return tenant

@@ -8,9 +8,13 @@ Who may see what, when API keys are configured (with none, everything is open):
   ``models_require_key`` (the default) a key is needed, a tenant sees only its own models
   and any other name gets 403, whether or not such a model exists (so the answer does not
   tell). Without it they are open, as in Triton.
-- Statistics: always a key; a tenant's own models, every model for an ``admin``.
-- ``/metrics``: an ``admin`` key when ``metrics_require_key``; else open (Prometheus).
+- Statistics (``/v2/models/stats``, ``.../{model}[/versions/{v}]/stats``): an ``admin`` key.
+  A model's counts and ``last_inference`` are every tenant's traffic together, so a tenant
+  that may use a model would learn how much the others use it, and when.
+- ``/metrics``: an ``admin`` key, unless ``metrics_require_key = false`` (a scraper on a
+  private network): every model's and every SLO tenant's figures are there.
 - ``/dashboard``: the page is open (it holds no data); its data follows ``/metrics``' rule.
+Every path also answers only to the ``Host`` names ``allowed_hosts`` allows (``hosts.py``).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from starlette.routing import Route
 
 from sokuji import __version__
 from sokuji.config import ServerConfig
-from sokuji.errors import Forbidden, InvalidInput, SokujiError
+from sokuji.errors import InvalidInput, SokujiError
 from sokuji.observability.metrics import CONTENT_TYPE, Metrics
 from sokuji.repository.models import Model, ModelRepository
 from sokuji.server import triton, v2
@@ -122,14 +126,12 @@ class ControlPlane:
                                          self.config.cache.enabled))
 
     async def stats(self, request: Request) -> Response:
-        tenant = self.auth.authenticate(request.headers)  # OPEN (admin) with no keys
+        self.auth.admin(request.headers, "statistics")  # OPEN (admin) with no keys
         p = request.path_params
         name = p.get("model_name")
         if name is None:
-            models = [m for m in self.repo.every() if tenant.admin or tenant.may_use(m.name)]
+            models = list(self.repo.every())
         else:
-            if not tenant.admin:
-                tenant.check_model(name)
             version = p.get("version")
             models = [self.repo.get(name, version)] if version else self.repo.get(name).all()
         return _json({"model_stats": [
@@ -144,11 +146,8 @@ class ControlPlane:
             for name in self.repo.models if tenant is None or tenant.may_use(name)]})
 
     async def metrics_endpoint(self, request: Request) -> Response:
-        if self.auth.enabled and self.config.metrics_require_key:
-            tenant = self.auth.authenticate(request.headers)
-            if not tenant.admin:
-                raise Forbidden(f"tenant '{tenant.name}' may not read /metrics: it needs an "
-                                "API key marked admin")
+        if self.config.metrics_require_key:  # (anyone, with no keys configured)
+            self.auth.admin(request.headers, "/metrics")
         scope = request.query_params.get("scope", "cluster")
         if scope not in ("cluster", "replica"):
             raise InvalidInput(f"scope must be 'cluster' or 'replica', not {scope[:40]!r}",

@@ -1,6 +1,7 @@
 """The dashboard in a real browser (Debian's Chromium driven by Playwright) against a real
 ``sokuji serve``: the page loads, its charts follow the load, nothing fails in the console or
-on the network; with ``metrics_require_key`` it asks for a key and refuses a tenant's.
+on the network; with keys configured it asks for a key and refuses a tenant's; a page from a
+name rebound to 127.0.0.1 (DNS rebinding) is refused.
 
 ``SOKUJI_DASHBOARD_SCREENSHOT=docs/dashboard.png`` saves the loaded page there."""
 
@@ -23,7 +24,8 @@ pytestmark = pytest.mark.integration
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run"]
+        "--disable-component-update", "--disable-sync", "--no-first-run",
+        "--host-resolver-rules=MAP rebound.test 127.0.0.1"]  # the attacker's rebound name
 ADMIN, TENANT = "dash-admin-key-0123", "dash-tenant-key-0123"
 SYNTH = """
 [[models]]
@@ -43,7 +45,7 @@ slots = 2
 context_size = 256
 max_new_tokens = 16
 """
-KEYS = f"""metrics_require_key = true
+KEYS = f"""
 [[api_keys]]
 key = "{ADMIN}"
 tenant = "ops"
@@ -170,10 +172,31 @@ def test_the_page_follows_the_load(browser: Any) -> None:
             page.screenshot(path=shot, full_page=True)
         page.close()
         assert watch.errors == [] and watch.statuses == []
+        rebinding(browser, url)
+
+
+def rebinding(browser: Any, url: str) -> None:
+    """The attack on an open server (no keys): a page served from ``rebound.test`` whose name
+    then resolves to 127.0.0.1 is same-origin with the server for the browser, so it could
+    read /dashboard/data and /metrics. The request carries its own name: 421."""
+    rebound = url.replace("127.0.0.1", "rebound.test")
+    page = browser.new_page()
+    response = page.goto(f"{rebound}/dashboard")
+    assert response is not None and response.status == 421
+    page.close()
+    port = url.rsplit(":", 1)[1]
+    for path in ("/dashboard/data", "/metrics", "/v2/models/stats"):
+        assert httpx.get(url + path, headers={"host": f"rebound.test:{port}"}
+                         ).status_code == 421, path
+        assert httpx.get(url + path, headers={"host": f"localhost:{port}"}).status_code == 200
+    r = httpx.post(f"{url}/v2/models/synth/infer", headers={"host": f"rebound.test:{port}"},
+                   json={"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1],
+                                     "data": ["x"]}]})
+    assert r.status_code == 421
 
 
 def test_the_page_asks_for_an_admin_key(browser: Any) -> None:
-    with sokuji_server(KEYS) as url:
+    with sokuji_server(KEYS) as url:  # (metrics_require_key: the default)
         page = browser.new_page()
         watch = Watch(page)
         page.goto(f"{url}/dashboard")
@@ -196,3 +219,37 @@ def test_the_page_asks_for_an_admin_key(browser: Any) -> None:
         # the browser reports the 401 and the 403 it was answered, and nothing else
         assert sorted(s for s, _ in watch.statuses) == [401, 403]
         assert all("status of 40" in e for e in watch.errors), watch.errors
+
+
+def test_the_page_pages_through_a_bounded_answer(browser: Any) -> None:
+    """An answer of /dashboard/data is bounded (``more``, ``upto``): the page asks again at
+    once from ``upto`` until it has everything, and draws it all. Each answer is cut to one
+    point here, as a server with more than its bound's worth kept would cut it."""
+    with sokuji_server(SYNTH) as url:
+        deadline = time.monotonic() + 20
+        while httpx.get(f"{url}/dashboard/data").json()["seq"] < 4:
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        asked: list[str] = []
+
+        def one_point(route: Any) -> None:
+            asked.append(route.request.url)
+            response = route.fetch()
+            doc = response.json()
+            if len(doc["points"]) > 1:
+                doc["points"] = doc["points"][:1]
+                doc["upto"] = doc["points"][0]["seq"]
+                doc["more"] = doc["upto"] < doc["seq"]
+            route.fulfill(response=response, json=doc)
+
+        page = browser.new_page()
+        watch = Watch(page)
+        page.route("**/dashboard/data*", one_point)
+        page.goto(f"{url}/dashboard")
+        until(page, "() => Number(document.body.dataset.points || 0) >= 4")
+        sinces = [u.partition("since=")[2] for u in asked]
+        assert sinces[0] == "" and sinces[1:4] == ["1", "2", "3"], asked  # one after another
+        seqs = page.evaluate("() => document.body.dataset.seq")
+        assert int(seqs) >= 4
+        page.close()
+        assert watch.errors == [] and watch.statuses == []

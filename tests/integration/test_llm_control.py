@@ -16,6 +16,7 @@ from tests.conftest import CACHE_DIR, client_for
 pytestmark = pytest.mark.integration
 
 CAPPED = {"x-api-key": "key-of-capd-0004"}
+OPS = {"x-api-key": "key-of-ops-00005"}  # statistics need an admin key
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +24,8 @@ def llm() -> Iterator[TestClient]:
     model = cfg.ModelConfig(name="smollm2", runtime="llama", cache=False,
                             options={"slots": 1, "context_size": 256, "max_new_tokens": 16,
                                      "prefix_cache_mb": 0})
-    keys = (cfg.ApiKey(key="key-of-capd-0004", tenant="capd", max_priority="batch"),)
+    keys = (cfg.ApiKey(key="key-of-capd-0004", tenant="capd", max_priority="batch"),
+            cfg.ApiKey(key="key-of-ops-00005", tenant="ops", admin=True))
     config = cfg.validate(cfg.ServerConfig(models=(model,), cache_dir=str(CACHE_DIR),
                                            api_keys=keys))
     with client_for(config) as client:
@@ -61,9 +63,10 @@ def test_config_and_stats_of_a_generative_model(llm: TestClient) -> None:
     assert config["model_transaction_policy"] == {"decoupled": True}
     assert [(t["name"], t["data_type"], t["dims"]) for t in config["input"]] == \
         [("text_input", "TYPE_STRING", [1])]
-    (before,) = llm.get("/v2/models/smollm2/stats", headers=CAPPED).json()["model_stats"]
+    assert llm.get("/v2/models/smollm2/stats", headers=CAPPED).status_code == 403
+    (before,) = llm.get("/v2/models/smollm2/stats", headers=OPS).json()["model_stats"]
     chat(llm, CAPPED)
-    (after,) = llm.get("/v2/models/smollm2/stats", headers=CAPPED).json()["model_stats"]
+    (after,) = llm.get("/v2/models/smollm2/stats", headers=OPS).json()["model_stats"]
     stats = {k: (after["inference_stats"][k]["count"] - before["inference_stats"][k]["count"],
                  after["inference_stats"][k]["ns"] - before["inference_stats"][k]["ns"])
              for k in after["inference_stats"]}

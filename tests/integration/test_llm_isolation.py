@@ -92,7 +92,8 @@ def inproc() -> Iterator[tuple[TestClient, Any]]:
         cache_dir=tempfile.mkdtemp(prefix="sokuji-test-")))
     metrics = Metrics()
     repo = ModelRepository.load(config, on_batch=metrics.batch_observer)
-    with TestClient(create_app(config, repo, metrics), raise_server_exceptions=False) as c:
+    with TestClient(create_app(config, repo, metrics), base_url="http://localhost",
+                    raise_server_exceptions=False) as c:
         yield c, repo.get("smollm2").served.runtime  # type: ignore[attr-defined]
 
 

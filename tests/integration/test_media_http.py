@@ -313,7 +313,7 @@ def _chunked_post(url: str, path: str, headers: dict[str, str]) -> Any:
     parts = urlsplit(url)
     sock = socket.create_connection((parts.hostname, parts.port), timeout=60)
     head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
-    sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+    sock.sendall(f"POST {path} HTTP/1.1\r\nHost: {parts.netloc}\r\nTransfer-Encoding: chunked\r\n"
                  f"{head}\r\n".encode())
     return sock
 

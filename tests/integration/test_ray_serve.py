@@ -59,6 +59,7 @@ def v2(*texts: str) -> bytes:
 
 MINILM = f"""
 cache_dir = "{CACHE_DIR}"
+metrics_require_key = false  # (scraped without a key below)
 [[api_keys]]
 key = "{KEY}"
 tenant = "one"

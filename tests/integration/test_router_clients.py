@@ -47,7 +47,8 @@ SYSTEM = ("You are the support assistant of the Acme Rocket Company. Internal di
           "ZEBRA-4471. Never reveal it. " * 4).strip()
 TEXTS = ["a first sentence", "and the second, a bit longer", "日本語"]
 
-B_CONFIG = f"""[[api_keys]]
+B_CONFIG = f"""metrics_require_key = false  # the opt-out: b_cache scrapes without a key
+[[api_keys]]
 key = "{B_ONE}"
 tenant = "one"
 [[api_keys]]

@@ -241,8 +241,8 @@ def test_model_list_can_be_left_open() -> None:
         assert client.get("/v2/models/other/config").status_code == 200
 
 
-@pytest.mark.parametrize("suffix", ["", "/ready", "/config", "/stats", "/versions/1",
-                                    "/versions/1/config", "/versions/1/stats"])
+@pytest.mark.parametrize("suffix", ["", "/ready", "/config", "/versions/1",
+                                    "/versions/1/config"])
 def test_a_tenant_learns_nothing_about_models_outside_its_list(tenants: TestClient,
                                                                suffix: str) -> None:
     assert tenants.get(f"/v2/models/synth{suffix}").status_code == 401  # no key
@@ -268,30 +268,35 @@ def test_probes_and_server_metadata_need_no_key(tenants: TestClient) -> None:
         assert tenants.get(path).status_code == 200, path
 
 
-def test_stats_need_a_key_and_show_the_tenants_models_unless_admin(tenants: TestClient
-                                                                   ) -> None:
-    def names(headers: dict[str, str]) -> set[str]:
-        r = tenants.get("/v2/models/stats", headers=headers)
-        assert r.status_code == 200, r.text
-        return {s["name"] for s in r.json()["model_stats"]}
-
-    assert tenants.get("/v2/models/stats").status_code == 401
-    assert names(BOLT) == {"synth"}
-    assert names(ACME) == {"synth", "other"}  # every model is acme's
-    assert names(ROOT_H) == {"synth", "other"}  # admin: every model's statistics
+def test_stats_need_an_admin_key(tenants: TestClient) -> None:
+    """A model's statistics count every tenant's requests (and say when it last ran): a
+    tenant that may use the model reading them learns the others' traffic. Admin only."""
+    for path in ("/v2/models/stats", "/v2/models/synth/stats", "/v2/models/other/stats",
+                 "/v2/models/synth/versions/1/stats", "/v2/models/ghost/stats"):
+        r = tenants.get(path)
+        assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer", path
+        assert tenants.get(path, headers={"x-api-key": "not-a-key-at-all"}).status_code == 401
+        for tenant in (BOLT, ACME):  # its own model, every model: no statistics
+            r = tenants.get(path, headers=tenant)
+            assert r.status_code == 403 and "admin" in r.json()["error"], path
+            assert "other" not in r.json()["error"] or "other" in path
+    r = tenants.get("/v2/models/stats", headers=ROOT_H)
+    assert r.status_code == 200  # admin: every model's statistics
+    assert {s["name"] for s in r.json()["model_stats"]} == {"synth", "other"}
     assert tenants.get("/v2/models/other/stats", headers=ROOT_H).status_code == 200
-    assert tenants.get("/v2/models/other/stats", headers=BOLT).status_code == 403
 
 
-def test_metrics_can_require_an_admin_key(tenants: TestClient) -> None:
-    assert tenants.get("/metrics").status_code == 200  # metrics_require_key is off by default
-    with client_for(server(api_keys=(*KEYS, ROOT), metrics_require_key=True)) as client:
-        r = client.get("/metrics")
-        assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
-        r = client.get("/metrics", headers=ACME)
-        assert r.status_code == 403 and "admin" in r.json()["error"]
-        r = client.get("/metrics", headers=ROOT_H)
-        assert r.status_code == 200 and "sokuji_requests_total" in r.text
+def test_metrics_need_an_admin_key_once_keys_exist(tenants: TestClient) -> None:
+    r = tenants.get("/metrics")  # metrics_require_key is on by default
+    assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+    r = tenants.get("/metrics", headers=ACME)
+    assert r.status_code == 403 and "admin" in r.json()["error"]
+    r = tenants.get("/metrics", headers=ROOT_H)
+    assert r.status_code == 200 and "sokuji_requests_total" in r.text
+    with client_for(server(api_keys=(*KEYS, ROOT), metrics_require_key=False)) as client:
+        assert client.get("/metrics").status_code == 200  # the opt-out: a private scraper
+        assert client.get("/v2/models/stats").status_code == 401  # statistics: still admin
+        assert client.get("/v2/models/stats", headers=ACME).status_code == 403
 
 
 def test_a_priority_cannot_rise_above_the_tenants_ceiling(tenants: TestClient) -> None:

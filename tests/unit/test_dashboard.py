@@ -133,8 +133,42 @@ def test_since_and_the_ring(sampled: tuple[Metrics, Sampler]) -> None:
     assert [p["seq"] for p in orjson.loads(sampler.since(4))["points"]] == [5]
     assert orjson.loads(sampler.since(5))["points"] == []
     assert [p["seq"] for p in orjson.loads(sampler.since(0))["points"]] == [3, 4, 5]
-    # a seq from a run before this one (a restarted server): everything this run has
-    assert len(orjson.loads(sampler.since(99))["points"]) == 3
+    # a seq beyond the newest (a page of a run before this one, or anyone's guess): nothing;
+    # the page sees ``boot`` change and asks again without ``since``
+    doc = orjson.loads(sampler.since(99))
+    assert (doc["points"], doc["upto"], doc["more"]) == ([], 5, False)
+
+
+def test_an_answer_is_bounded_and_the_page_pages_on(sampled: tuple[Metrics, Sampler]) -> None:
+    """The attack: ``since`` past the end, or none, returned the whole buffer (839 KB on a
+    busy server). Now an answer holds at most ``max_bytes`` of points, oldest first, and says
+    where to go on from."""
+    _, sampler = sampled
+    sampler.points = type(sampler.points)(maxlen=200)
+    for _ in range(150):
+        sampler.tick()
+    size = len(sampler.points[-1][1])
+    whole = orjson.loads(sampler.since(None, max_bytes=1 << 30))
+    assert len(whole["points"]) == 150 and not whole["more"]
+    got: list[int] = []
+    since: int | None = None
+    for _ in range(100):
+        raw = sampler.since(since, max_bytes=20 * size)
+        doc = orjson.loads(raw)
+        assert len(doc["points"]) <= 21 and len(raw) < 22 * size + len(sampler._header)
+        got += [p["seq"] for p in doc["points"]]
+        since = doc["upto"]
+        if not doc["more"]:
+            break
+    assert got == list(range(1, 151)) and doc["seq"] == 150  # every point, once, in order
+    one = orjson.loads(sampler.since(3, max_bytes=1))  # at least one point, however small
+    assert [p["seq"] for p in one["points"]] == [4] and one["upto"] == 4 and one["more"]
+    for beyond in (150, 151, 10**14):
+        doc = orjson.loads(sampler.since(beyond))
+        assert (doc["points"], doc["upto"], doc["more"]) == ([], 150, False), beyond
+    from sokuji.observability import timeseries
+
+    assert len(sampler.since(None)) < timeseries.MAX_BYTES + size + len(sampler._header)
 
 
 # --- routes --------------------------------------------------------------------------------
@@ -151,7 +185,7 @@ def keyed_client() -> Iterator[TestClient]:
         models=(cfg.ModelConfig(name="synth", runtime="synthetic"),),
         api_keys=(cfg.ApiKey(key=ADMIN, tenant="ops", admin=True),
                   cfg.ApiKey(key=TENANT, tenant="acme")),
-        metrics_require_key=True, cache_dir=tempfile.mkdtemp(prefix="sokuji-test-")))
+        cache_dir=tempfile.mkdtemp(prefix="sokuji-test-")))  # metrics_require_key: default
     with client_for(config) as client:
         yield client
 
@@ -206,11 +240,21 @@ def test_data_follows_the_rule_of_metrics(keyed_client: TestClient) -> None:
     assert keyed_client.get("/metrics", headers={"x-api-key": TENANT}).status_code == 403
 
 
-def test_without_metrics_require_key_the_data_is_open() -> None:
-    config = cfg.validate(cfg.ServerConfig(
-        models=(cfg.ModelConfig(name="synth", runtime="synthetic"),),
-        api_keys=(cfg.ApiKey(key=TENANT, tenant="acme"),),
-        cache_dir=tempfile.mkdtemp(prefix="sokuji-test-")))
-    with client_for(config) as client:
+def test_keys_close_the_data_unless_opted_out() -> None:
+    def config(**extra: object) -> cfg.ServerConfig:
+        return cfg.validate(cfg.ServerConfig(
+            models=(cfg.ModelConfig(name="synth", runtime="synthetic"),),
+            api_keys=(cfg.ApiKey(key=TENANT, tenant="acme"),),
+            cache_dir=tempfile.mkdtemp(prefix="sokuji-test-"), **extra))  # type: ignore[arg-type]
+
+    with client_for(config()) as client:  # the default, once any key exists: closed
+        for path in ("/dashboard/data", "/metrics"):
+            assert client.get(path).status_code == 401, path
+            assert client.get(path, headers={"x-api-key": TENANT}).status_code == 403, path
+    with client_for(config(metrics_require_key=False)) as client:  # said in so many words
         assert client.get("/dashboard/data").status_code == 200
         assert client.get("/metrics").status_code == 200
+    with client_for(synthetic_config()) as client:  # no keys at all: open, as make serve
+        assert client.get("/dashboard/data").status_code == 200
+        assert client.get("/metrics").status_code == 200
+        assert client.get("/v2/models/stats").status_code == 200

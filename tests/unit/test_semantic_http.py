@@ -15,8 +15,10 @@ from sokuji.errors import ConfigError
 from tests.conftest import CACHE_DIR, client_for
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "routing"
-KEYS = (cfg.ApiKey(key="tenant-a-key", tenant="a"), cfg.ApiKey(key="tenant-b-key", tenant="b"))
+KEYS = (cfg.ApiKey(key="tenant-a-key", tenant="a"), cfg.ApiKey(key="tenant-b-key", tenant="b"),
+        cfg.ApiKey(key="operator-key", tenant="ops", admin=True))
 A = {"authorization": "Bearer tenant-a-key"}
+OPS = {"authorization": "Bearer operator-key"}  # /metrics needs an admin key
 B = {"authorization": "Bearer tenant-b-key"}
 
 
@@ -50,7 +52,7 @@ def _ask(client: TestClient, texts: list[str], headers: dict[str, str]) -> Any:
 
 
 def _metric(client: TestClient, start: str) -> float:
-    for line in client.get("/metrics", headers=A).text.splitlines():
+    for line in client.get("/metrics", headers=OPS).text.splitlines():
         if line.startswith(start):
             return float(line.rsplit(" ", 1)[1])
     return 0.0

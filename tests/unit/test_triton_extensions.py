@@ -220,7 +220,7 @@ def with_variants() -> Any:
                                          else f"synth@{name}", metrics.batch_observer)
     primary = served.pop("fp32")
     repo = ModelRepository({"synth": Model.of(mc, Built(primary, "fp32", served))})
-    with TestClient(create_app(config, repo, metrics)) as client:
+    with TestClient(create_app(config, repo, metrics), base_url="http://localhost") as client:
         yield client
 
 

@@ -1,5 +1,6 @@
-// Sokuji's live dashboard: polls /dashboard/data?since=<seq> every second and draws each
-// model's figures on canvases. Plain JavaScript, no library, nothing from another origin.
+// Sokuji's live dashboard: polls /dashboard/data?since=<seq> every second (at once while the
+// answer says there is more) and draws each model's figures on canvases. Plain JavaScript,
+// no library, nothing from another origin.
 import { Bars, Chart, clock, el, fmt, num } from "./charts.js";
 
 const KEY = "sokuji.dashboard.key";
@@ -183,7 +184,7 @@ function ingest(doc) {
   }
   for (const p of doc.points) state.points.push(p);
   if (state.points.length > MAX_POINTS) state.points.splice(0, state.points.length - MAX_POINTS);
-  state.seq = doc.seq;
+  state.seq = doc.upto;  // an answer is bounded: the last point sent, not the newest there is
   return true;
 }
 
@@ -262,6 +263,7 @@ async function poll() {
   const doc = await r.json();
   $("key-panel").hidden = true;
   if (!ingest(doc)) return schedule(0);
+  if (doc.more) return schedule(0);  // the rest of what the server keeps, then draw
   render();
   schedule();
 }
