@@ -53,7 +53,8 @@ def test_a_body_within_both_bounds_is_read_whole() -> None:
 
 
 def test_the_bounds_come_from_the_config() -> None:
-    assert BodyTimeout.of(ServerConfig()) == BodyTimeout(60.0, 10.0)
+    bounds = BodyTimeout.of(ServerConfig())
+    assert (bounds.total_s, bounds.idle_s) == (60.0, 10.0)
 
 
 def test_the_per_tenant_stream_cap() -> None:
@@ -62,3 +63,20 @@ def test_the_per_tenant_stream_cap() -> None:
     assert keyed.cap(0) == AUTO_CAP
     assert open_.cap(2) == 0  # no keys: every caller is one tenant, the model bounds it
     assert Streams(StreamsConfig(max_per_tenant=3), keyed=False).cap(2) == 3
+
+
+def test_a_read_cancelled_by_its_request_stays_cancelled_and_nothing_is_left() -> None:
+    timeout = BodyTimeout(5.0, 0.05)
+
+    async def main() -> None:
+        task = asyncio.create_task(read_body(_receiver([], then_wait=True), {}, 1000, timeout))
+        await asyncio.sleep(0.01)
+        task.cancel()  # the request's own cancel (a shutdown), before the idle bound
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert not timeout._waiting and not timeout._expired
+        with pytest.raises(RequestTimeout):  # the next read is still bounded
+            await read_body(_receiver([], then_wait=True), {}, 1000, timeout)
+        assert not timeout._waiting and not timeout._expired
+
+    asyncio.run(main())
