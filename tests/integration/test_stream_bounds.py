@@ -245,13 +245,14 @@ def test_a_stream_past_its_deadline_is_refused_504(url: str) -> None:
         s.close()
 
 
-def _held_body(url: str, send: Any) -> tuple[int, dict[str, str], dict[str, Any], bool]:
+def _held_body(url: str, send: Any, extra: str = ""
+               ) -> tuple[int, dict[str, str], dict[str, Any], bool]:
     """POST a plain upload declaring all of ``WAV``, ``send(sock)`` sending part of it."""
     parts = urlsplit(url)
     with socket.create_connection((parts.hostname, parts.port), timeout=30) as sock:
         sock.sendall((f"POST {PATH} HTTP/1.1\r\nHost: x\r\nContent-Type: audio/wav\r\n"
-                      f"X-API-Key: {KEYS['acme']}\r\nContent-Length: {len(WAV)}\r\n\r\n"
-                      ).encode())
+                      f"X-API-Key: {KEYS['acme']}\r\nContent-Length: {len(WAV)}\r\n{extra}"
+                      "\r\n").encode())
         send(sock)
         reader = sock.makefile("rb")
         code = int(reader.readline().split()[1])
@@ -265,8 +266,10 @@ def _held_body(url: str, send: Any) -> tuple[int, dict[str, str], dict[str, Any]
     return code, headers, doc, closed
 
 
-def test_a_body_held_open_is_a_408(url: str) -> None:
-    code, headers, doc, closed = _held_body(url, lambda s: s.sendall(WAV[:len(WAV) // 2]))
+@pytest.mark.parametrize("extra", ["", "Prefer: respond-async\r\n"], ids=["infer", "job"])
+def test_a_body_held_open_is_a_408(url: str, extra: str) -> None:
+    code, headers, doc, closed = _held_body(url, lambda s: s.sendall(WAV[:len(WAV) // 2]),
+                                            extra)
     assert code == 408 and doc["code"] == "request_timeout", doc
     assert "body_idle_timeout_s" in doc["error"]
     assert headers.get("connection") == "close" and closed
