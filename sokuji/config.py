@@ -67,7 +67,7 @@ DEFAULT_OCR_NAME = "ocr"
 DEFAULT_VAD_NAME = "vad"
 
 
-__all__ = ["BatchPolicy", "ModelConfig", "ServerConfig", "SloConfig",
+__all__ = ["BatchPolicy", "ModelConfig", "ServerConfig", "SloConfig", "StreamsConfig",
            "TracingConfig", "load"]
 
 
@@ -198,6 +198,21 @@ class JobsConfig(_Table, frozen=True):
     callback_timeout_s: MoreThanZero = 10.0
 
 
+class StreamsConfig(_Table, frozen=True):
+    """Bounds of a body streamed in (``Api.STREAM``: ``server/stream.py``). A stream past a
+    timeout ends with 408: as its status if none was sent yet, else as its last line."""
+
+    idle_timeout_s: MoreThanZero = 10.0
+    """No chunk for this long ends the stream."""
+    total_timeout_s: MoreThanZero = 600.0
+    """The most a stream may last, from its arrival."""
+    max_per_tenant: ZeroOrMore = 0
+    """Streams one tenant may have in flight on one model (beyond: 429 at once); 0:
+    automatic: with API keys configured, one less than the model's ``max_concurrency`` (at
+    least 1; 4 for a model without one), so one tenant's streams never hold every slot; with
+    no keys, no cap of its own (every caller is the one tenant)."""
+
+
 class ServerConfig(_Table, frozen=True):
     host: str = "127.0.0.1"
     port: Annotated[int, _why("must be between 0 and 65535", ge=0, le=65535)] = 8000
@@ -247,6 +262,12 @@ class ServerConfig(_Table, frozen=True):
     models_require_key: bool = True
     """/v1/models needs an API key and lists only the caller's models (when keys are
     configured)."""
+    body_timeout_s: MoreThanZero = 60.0
+    """The most a request body may take to arrive, from when it is read (408 beyond)."""
+    body_idle_timeout_s: MoreThanZero = 10.0
+    """The most time between two pieces of a request body (408 beyond)."""
+    streams: StreamsConfig = StreamsConfig()
+    """Bodies streamed in (``Api.STREAM``): their timeouts and per-tenant cap."""
 
     @property
     def jobs_path(self) -> str:
@@ -256,7 +277,8 @@ class ServerConfig(_Table, frozen=True):
         return next((m for m in self.models if m.name == name), None)
 
 
-_TABLES = ("models", "pipelines", "api_keys", "cache", "jobs", "slos", "tracing", "ray")
+_TABLES = ("models", "pipelines", "api_keys", "cache", "jobs", "slos", "tracing", "ray",
+           "streams")
 _SCALARS = tuple(k for k in ServerConfig.__struct_fields__ if k not in _TABLES)
 """The top-level keys that ``SOKUJI_<KEY>`` environment variables and CLI flags may set."""
 _BOOLS = {k for k in _SCALARS if isinstance(getattr(ServerConfig(), k), bool)}

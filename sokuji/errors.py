@@ -12,6 +12,7 @@
     ├── NotFound (404)
     │   └── ModelNotFound (404)
     ├── MethodNotAllowed (405)
+    ├── RequestTimeout (408)       a body or a stream did not arrive in time (closes the connection)
     ├── ModelNotReady (503)
     ├── StoreUnavailable (503)     the job store (Redis, SQLite) cannot be reached: retry later
     ├── RouteUnavailable (503)     every target a router may use is failing: with Retry-After
@@ -113,6 +114,17 @@ class MethodNotAllowed(SokujiError):
     def __init__(self, message: str, *, allow: tuple[str, ...] = ("POST",)) -> None:
         super().__init__(message, headers={"allow": ", ".join(allow)})
         self.allow = allow
+
+
+class RequestTimeout(SokujiError):
+    """408: the request's body (or a stream's) did not arrive in time; the message names
+    the bound. ``Connection: close`` goes with it: what is left of the body is never read."""
+
+    status = 408
+    code = "request_timeout"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, headers={"connection": "close"})
 
 
 class ModelNotReady(SokujiError):

@@ -52,7 +52,11 @@ def _ready(url: str, timeout_s: float) -> None:
 
 
 def _check_port(host: str, port: int) -> None:
+    """Refuse a port something listens on. ``SO_REUSEADDR``, as the listener Serve starts
+    (and uvicorn) sets it: the TIME_WAIT sockets a server that just stopped leaves for a
+    minute do not stop it listening, so they must not fail this probe either."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError as exc:

@@ -87,6 +87,8 @@ class SokujiApp:
         self.jobs = jobs
         self.hosts = AllowedHosts.of(inference.config)
         """The ``Host`` names answered (``hosts.py``); None: any."""
+        self.streams = stream.Streams(inference.config.streams, bool(inference.config.api_keys))
+        """Streams in flight and their admission (``stream.py``)."""
 
     def route(self, path: str) -> Route | None:
         if path == "/v1/embeddings":
@@ -167,12 +169,14 @@ class SokujiApp:
 
     async def stream(self, params: dict[str, str], headers: Headers, query: bytes,
                      receive: Receive, send: Send, t0: int, tenant: Tenant) -> None:
-        """A body streamed in, records streamed out (``stream.py``)."""
+        """A body streamed in, records streamed out (``stream.py``): admitted by the
+        tenant's cap, its priority and its deadline, then bounded by the stream timeouts."""
         tenant.check_model(params["model_name"])
         model = self.inference.repo.get_ready(params["model_name"], params.get("version"))
         ctx = scheduling.context(tenant, headers, {}, t0, model.config.default_timeout_ms)
-        await stream.relay(model.served, self.inference.limit(model), headers, query, ctx,
-                           receive, send)
+        with self.streams.admit(model.name, model.served, model.config.max_concurrency, ctx):
+            await stream.relay(model.served, self.inference.limit(model), headers, query, ctx,
+                               receive, send, self.streams.config)
         self.accounting.streamed(model, t0)
 
     def _sample(self, headers: Headers) -> tracing.Trace | None:

@@ -32,7 +32,7 @@ from sokuji.observability.metrics import Metrics
 from sokuji.repository.models import Model, ModelRepository
 from sokuji.server import apis, cache_entries, openai_api, scheduling, uploads, v2
 from sokuji.server.auth import Authenticator, Tenant
-from sokuji.server.http import JSON, Headers, check_content_type, read_body
+from sokuji.server.http import JSON, BodyTimeout, Headers, check_content_type, read_body
 
 log = logging.getLogger(__name__)
 VARIANT_HEADER = "x-sokuji-variant"
@@ -53,6 +53,7 @@ class Inference:
         self.metrics = metrics
         self.cache = cache
         self.auth = Authenticator(config.api_keys)
+        self.body_timeout = BodyTimeout.of(config)
 
     def limit(self, model: Model) -> int:
         """The request body limit of ``model``: its own, else the server's."""
@@ -70,7 +71,7 @@ class Inference:
         meta = model.metadata
         form = uploads.form(headers, meta)
         limit = self.limit(model)
-        body = await read_body(receive, headers, limit)
+        body = await read_body(receive, headers, limit, self.body_timeout)
         if form == uploads.V2:
             length = v2.header_length(headers)
             # A large body (base64 files) takes milliseconds to parse and decode: off the
@@ -128,7 +129,8 @@ class Inference:
     async def openai_embeddings(self, params: dict[str, str], headers: Headers,
                                 receive: Receive, tl: Timeline, tenant: Tenant) -> Answer:
         check_content_type(headers, binary_ok=False)
-        body = await read_body(receive, headers, self.config.max_request_bytes)
+        body = await read_body(receive, headers, self.config.max_request_bytes,
+                               self.body_timeout)
         req = openai_api.decode_embeddings(body)
         params["model_name"] = req.model
         tenant.check_model(req.model)

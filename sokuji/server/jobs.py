@@ -68,7 +68,7 @@ from sokuji.server.callback_delivery import (
     tenant_secret,
 )
 from sokuji.server.callbacks import CALLBACK_HEADER, Allowlist, CallbackPolicy, Resolver, parse
-from sokuji.server.http import Headers, Reply, json_reply, read_body
+from sokuji.server.http import BodyTimeout, Headers, Reply, json_reply, read_body
 
 log = logging.getLogger(__name__)
 JOBS_PREFIX = "/v2/jobs/"
@@ -104,6 +104,7 @@ class JobService:
         self.jobs = j
         self.config = config
         self.max_request_bytes = config.max_request_bytes
+        self.body_timeout = BodyTimeout.of(config)
         self.limit_of: Callable[[str], int] | None = None
         """The body limit of a path's model (media models have their own), if known."""
         self.max_stored_bytes = j.max_stored_bytes_per_tenant
@@ -150,7 +151,7 @@ class JobService:
         if callback is not None:
             parse(callback)  # its shape: a 400 before the body is read
         limit = self.limit_of(path) if self.limit_of is not None else self.max_request_bytes
-        body = await read_body(receive, headers, limit)
+        body = await read_body(receive, headers, limit, self.body_timeout)
         if self._check is not None:
             self._check(path, body, tenant)
         kept = {k: headers[k] for k in KEPT_HEADERS if k in headers}

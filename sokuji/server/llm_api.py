@@ -36,7 +36,13 @@ from sokuji.server import apis, llm_codec, scheduling
 from sokuji.server.accounting import Accounting
 from sokuji.server.auth import Tenant
 from sokuji.server.failures import ErrorStyle, error_reply, to_error
-from sokuji.server.http import ClientGone, Headers, check_content_type, read_body
+from sokuji.server.http import (
+    BodyTimeout,
+    ClientGone,
+    Headers,
+    check_content_type,
+    read_body,
+)
 
 log = logging.getLogger(__name__)
 PATHS = {"/v1/chat/completions": True, "/v1/completions": False}
@@ -64,6 +70,7 @@ class Generation:
         self.config = config
         self.repo = repo
         self.accounting = accounting
+        self.body_timeout = BodyTimeout.of(config)
 
     async def __call__(self, path: str, headers: Headers, receive: Receive, send: Send,
                        t0: int, tenant: Tenant, trace: tracing.Trace | None = None) -> None:
@@ -73,7 +80,8 @@ class Generation:
         model_name = ""
         try:
             check_content_type(headers, binary_ok=False)
-            body = await read_body(receive, headers, self.config.max_request_bytes)
+            body = await read_body(receive, headers, self.config.max_request_bytes,
+                                   self.body_timeout)
             req = await _maybe_off_loop(len(body) > INLINE_MAX_BYTES, llm_codec.decode, body,
                                         PATHS[path])
             tenant.check_model(req.model)  # before the lookup: 403 tells nothing of others
