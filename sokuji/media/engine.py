@@ -22,8 +22,13 @@ anything else is a bug (500).
 Stages are recorded in the job's ``StageClock`` as spans of ``perf_counter_ns``: the engine
 records its own (``image-decode``, ``resize``, ``det``, ``cls``, ``rec``; ``audio-decode``,
 ``resample``, ``infer``), and a wait before a batched stage as ``<stage>-wait``. A batched
-stage's span is the batch's run, recorded in every job of the batch, with a note (``batch
-6 of 3 requests``).
+stage's span is the batch's run, recorded in every job of the batch, with a note that
+speaks of the job's own work only (``4 crops``): never of the other requests in the batch.
+
+A request's files share one ``RequestBudget``: work an engine learns only on its threads
+(an image's crops, known after det) is counted there against the request's limits
+(``core/limits.py``), before the work it bounds; past one, that file's ``done`` gets the
+``LimitExceeded`` and the request is refused (413).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from sokuji.core.limits import Limit
 from sokuji.core.model import ModelMetadata, RecordStream
 from sokuji.core.request import Priority
 
@@ -73,6 +79,24 @@ class StageClock:
         return min(starts) if starts else None
 
 
+class RequestBudget:
+    """Work counted across one request's files, from any thread."""
+
+    __slots__ = ("_lock", "used")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.used: dict[str, int | float] = {}
+
+    def take(self, limit: Limit, amount: int | float, subject: str = "the request") -> None:
+        """Count ``amount`` more of ``limit``'s quantity; ``LimitExceeded`` (nothing counted)
+        when the request's total would pass it."""
+        with self._lock:
+            need = self.used.get(limit.key, 0) + amount
+            limit.check(need, subject)
+            self.used[limit.key] = need
+
+
 @dataclass(slots=True, eq=False)
 class MediaJob:
     """One file's work, as the serving layer hands it to the engine."""
@@ -93,6 +117,8 @@ class MediaJob:
     """Set by the serving layer when the client went away: skip the work, call ``done``."""
     extra: dict[str, Any] = field(default_factory=dict)
     """The engine's own per-job state."""
+    budget: RequestBudget = field(default_factory=RequestBudget)
+    """Shared by the request's files (``MediaModel.submit``)."""
 
 
 class MediaEngine(Protocol):
@@ -109,6 +135,11 @@ class MediaEngine(Protocol):
     @property
     def stage_names(self) -> tuple[str, ...]:
         """Every stage the engine records, in pipeline order (Server-Timing and metrics)."""
+
+    @property
+    def limits(self) -> tuple[Limit, ...]:
+        """Its cost bound (``core/limits.py``): every limit ``decode`` and the engine's
+        threads check, each before the work it bounds."""
 
     @property
     def streams(self) -> bool:
