@@ -49,6 +49,10 @@ class Span:
     start_ns: int
     end_ns: int
     note: str = ""
+    """Shown to the client (``Server-Timing``): the job's own work only."""
+    requests: int = 0
+    """A batched stage: the requests whose work shared the batch (the operator's metrics,
+    ``sokuji_media_batch_requests``; never shown to a client)."""
 
 
 class StageClock:
@@ -60,9 +64,10 @@ class StageClock:
         self.spans: list[Span] = []
         self._lock = threading.Lock()
 
-    def add(self, name: str, start_ns: int, end_ns: int, note: str = "") -> None:
+    def add(self, name: str, start_ns: int, end_ns: int, note: str = "",
+            requests: int = 0) -> None:
         with self._lock:
-            self.spans.append(Span(name, start_ns, end_ns, note))
+            self.spans.append(Span(name, start_ns, end_ns, note, requests))
 
     def totals_ns(self) -> dict[str, int]:
         """Summed duration per stage name, in the order the stages first ran."""

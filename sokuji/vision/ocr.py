@@ -375,7 +375,7 @@ class OcrEngine:
         for key_, state in jobs.items():
             # The job's own crops only: the batch's other requests are none of its business.
             n = mine[key_]
-            state.job.clock.add(stage, t0, t1, f"{n} crop{'s' if n != 1 else ''}")
+            state.job.clock.add(stage, t0, t1, f"{n} crop{'s' if n != 1 else ''}", len(jobs))
             state.cursor_ns = t1
         if stage == "cls":
             self._put_rec(crops_)
