@@ -108,7 +108,7 @@ def limits(o: OcrOptions) -> tuple[Limit, ...]:
     return (
         Limit("options.max_pixels", o.max_pixels, "pixels", "pixels of one decoded image"),
         Limit("options.max_side", o.max_side, "px", "the longest side of one decoded image"),
-        Limit("options.max_aspect_ratio", o.max_aspect_ratio, "ratio",
+        Limit("options.max_aspect_ratio", o.max_aspect_ratio, "long/short",
               "one image's long side over its short side"),
         Limit("options.max_det_pixels", o.max_det_pixels, "pixels",
               "pixels of one image after every resize and pad (the letterboxed image or "
