@@ -4,7 +4,7 @@
 - **Model.** ``vad_model``: silero's sequence ONNX model without torch; the segments equal
   silero's ``get_speech_timestamps(x16k, load_silero_vad(onnx=True))`` on the same 16 kHz
   samples (``tests/integration/test_vad_identity.py``).
-- **Stages.** ``audio-decode`` and ``resample`` (``decode``, in the preparation pool); then
+- **Stages.** ``audio-decode`` and ``resample`` (``decode``, in the media lane); then
   on a worker ``infer-wait`` (queued until a worker took it), ``infer`` (frames to
   probabilities, blocks of <= 512 frames) and ``segments`` (``vad_segments``).
 - **Workers.** ``instances`` threads (option, default 1), each with its own session of
@@ -154,7 +154,7 @@ class VadEngine:
     def close(self) -> None:
         self._sessions = []
 
-    # -- the preparation pool ---------------------------------------------------------------
+    # -- the media lane (core/offload.media_lane) ---------------------------------------
 
     def decode(self, data: bytes, clock: StageClock) -> VadAudio:
         t0 = time.perf_counter_ns()

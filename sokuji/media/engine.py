@@ -1,13 +1,14 @@
 """The contract between a media model's serving layer and its engine.
 
 The serving layer (``sokuji/media/model.py``) owns what every model shares: admission and
-deadlines (``core/policy.py``), the preparation pool, the request's Timeline, the protocols.
+deadlines (``core/policy.py``), the media lane (``core/offload.py``), the request's Timeline,
+the protocols.
 An engine owns what is specific: decoding and checking a file, and running its ONNX sessions
 on threads of its own, batching work of many requests where that is exact.
 
 The way of one file::
 
-    decoded = engine.decode(data, clock)      # in the preparation pool: limits first, then
+    decoded = engine.decode(data, clock)      # in the media lane: limits first, then
                                               # decode (+ resize / resample); 4xx naming it
     params = engine.parameters(raw)           # the request's V2 parameters, checked (400)
     engine.enqueue(MediaJob(decoded, params, clock, deadline_ns, priority, done))
@@ -164,7 +165,8 @@ class MediaEngine(Protocol):
         """Check the file's limits from its header, then decode it into what ``enqueue``
         takes (records ``image-decode`` + ``resize`` or ``audio-decode`` + ``resample``).
         Raises ``InvalidInput`` (400), ``PayloadTooLarge`` (413) or ``UnsupportedMediaType``
-        (415) with a message naming the problem. Runs in the preparation pool."""
+        (415) with a message naming the problem; ``LimitExceeded`` (413) past ``limits``. Runs
+        in the media lane (``core/offload.media_lane``)."""
 
     def parameters(self, raw: Mapping[str, Any]) -> Mapping[str, Any]:
         """The request's parameters for this engine (known keys only; others ignored),

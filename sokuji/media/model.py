@@ -15,7 +15,7 @@
   ``"base64"``, nothing else); the outputs are the engine's tensors; a plain upload is
   answered with the engine's plain JSON. A file's SHA-256 and the parameters identify an
   answer in the response cache.
-- The request's Timeline: ``preprocess`` is the preparation pool's work (the engine's
+- The request's Timeline: ``preprocess`` is the media lane's work (the engine's
   ``image-decode`` + ``resize`` or ``audio-decode`` + ``resample`` and the hand-off),
   ``queue`` lasts until the engine's first stage starts on any of the request's files,
   ``infer`` until the last file is done, ``postprocess`` the hand-back. ``stage_entries``
@@ -56,7 +56,7 @@ from sokuji.errors import InvalidInput, ModelNotReady, RuntimeFailed, SokujiErro
 from sokuji.media.engine import MediaEngine, MediaJob, RequestBudget, StageClock
 
 PREP_STAGES = frozenset({"image-decode", "resize", "audio-decode", "resample"})
-"""Stages an engine records in ``decode`` (the preparation pool), before its queue."""
+"""Stages an engine records in ``decode`` (the media lane), before its queue."""
 
 
 @dataclass

@@ -202,7 +202,7 @@ class OcrEngine:
     def num_running(self) -> int:
         return self._running
 
-    # -- the preparation pool -----------------------------------------------------------
+    # -- the media lane (core/offload.media_lane) ----------------------------------------
     def decode(self, data: bytes, clock: StageClock) -> st.Prepared:
         t0 = time.perf_counter_ns()
         info = media_image.probe(data, self.image_limits)

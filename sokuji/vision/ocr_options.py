@@ -6,6 +6,11 @@ Per request: ``text_score`` (drop lines scored below), ``box_thresh`` and ``uncl
 (det post-processing, run per image), ``use_cls`` (whether the image's crops go through the
 orientation classifier). None of them changes a batch's shape, so all four apply per job
 without touching cross-request batching.
+
+The cost bound (``max_*``; ``OcrEngine.limits``, shown as ``limit.options.<key>`` in the
+model's config): one image's decoded size, aspect ratio and pixels after every resize and
+pad, checked from its header; its boxes, and the request's crops and rec widths summed over
+its images, checked after det and before cls / rec. Past any: 413 naming the key.
 """
 
 from __future__ import annotations

@@ -12,7 +12,9 @@ Reused from the package (never re-implemented; identity depends on them):
 - ``TextClassifier.resize_norm_img`` and ``ClsPostProcess``; ``TextRecognizer
   .resize_norm_img`` and ``CTCLabelDecode`` built from the rec model's own metadata.
 The configuration is the package's own ``config.yaml``. What is Sokuji's: the order of the
-work, the sessions, and ``rec_widths`` (which padded width rapidocr would give each crop:
+work, the sessions, ``geometry`` (the sizes ``prepare`` would allocate, by the same
+arithmetic from the width and height alone: the cost bound is checked on it before a pixel
+is decoded), and ``rec_widths`` (which padded width rapidocr would give each crop:
 its per-image sort by width/height in chunks of ``rec_batch_num``, see the research note).
 """
 
