@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import time
 import tracemalloc
 from pathlib import Path
 
@@ -74,19 +73,16 @@ def test_a_strip_is_refused_from_its_header_fast_and_small(engine: OcrEngine, wi
     data = white_png(width, height)
     assert len(data) < 200
     tracemalloc.start()
-    t0 = time.perf_counter()
     try:
         with pytest.raises(LimitExceeded) as err:
             engine.decode(data, StageClock())
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    took = time.perf_counter() - t0
     assert err.value.status == 413 and err.value.param == key
     assert key in str(err.value) and f"{width}x{height}" in str(err.value)
     # no pixel was decoded: the whole refusal held less than one row of the det input
     assert peak < 1_000_000, peak
-    assert took < 1.0  # against nothing of ours: a header parse (the work was seconds)
 
 
 def test_the_pixels_bound_holds_with_the_aspect_bound_lifted() -> None:
