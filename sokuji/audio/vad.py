@@ -4,7 +4,7 @@
 - **Model.** ``vad_model``: silero's sequence ONNX model without torch; the segments equal
   silero's ``get_speech_timestamps(x16k, load_silero_vad(onnx=True))`` on the same 16 kHz
   samples (``tests/integration/test_vad_identity.py``).
-- **Stages.** ``audio-decode`` and ``resample`` (``decode``, in the preparation pool); then
+- **Stages.** ``audio-decode`` and ``resample`` (``decode``, in the media lane); then
   on a worker ``infer-wait`` (queued until a worker took it), ``infer`` (frames to
   probabilities, blocks of <= 512 frames) and ``segments`` (``vad_segments``).
 - **Workers.** ``instances`` threads (option, default 1), each with its own session of
@@ -12,6 +12,10 @@
   worker takes the waiting job that ranks first (``core/policy.rank``: priority with aging,
   then arrival). One request at a time per worker: the sequence model already runs a whole
   file per call, and batching files across requests would only save Python per frame.
+- **Cost bound** (``limits``, ``core/limits.py``): a file's seconds, rate and channels
+  from its header, before a sample is decoded (``media/audio.py``); its bytes at the source
+  rate follow (seconds x rate x 4); its samples after resampling to 16 kHz are checked
+  before resampling, and bound the model's frames (one per 512 samples).
 - **Deadlines.** A job still waiting at ``deadline_ns`` fails with ``DeadlineExceeded`` (a
   timer thread expires it even while every worker is busy); a cancelled job is answered with
   ``Cancelled`` (499) without running; ``done`` is called exactly once per job.
@@ -40,6 +44,7 @@ from sokuji.audio.vad_model import (
 )
 from sokuji.audio.vad_options import VadOptions
 from sokuji.core import policy
+from sokuji.core.limits import Limit
 from sokuji.core.model import ModelMetadata, TensorSpec
 from sokuji.core.request import Priority
 from sokuji.errors import ConfigError, DeadlineExceeded, ModelNotReady, RuntimeFailed, SokujiError
@@ -73,6 +78,21 @@ class VadResult:
     duration_s: float
 
 
+def limits(lim: audio.AudioLimits) -> tuple[Limit, ...]:
+    """Kind vad's cost bound; the last is the samples after resampling."""
+    return (
+        Limit("options.max_audio_s", lim.max_audio_s, "seconds",
+              "length of one audio file, from its header"),
+        Limit("options.max_rate_hz", lim.max_rate_hz, "Hz", "sample rate of one audio file"),
+        Limit("options.max_channels", lim.max_channels, "channels",
+              "channels of one audio file"),
+        Limit("source_bytes", lim.max_source_bytes, "bytes",
+              "one file's mono float32 samples at its source rate (options.max_audio_s x "
+              "options.max_rate_hz x 4)"),
+        Limit("samples_16k", int(lim.max_audio_s * RATE_HZ) + 1, "samples",
+              "one file's samples after resampling to 16 kHz (options.max_audio_s x 16000)"))
+
+
 class VadEngine:
     """The ``MediaEngine`` of runtime ``vad``: one V2 input ``audio`` (WAV/FLAC bytes), the
     segments out. Options: ``VadOptions`` (``vad_options.py``, checked when the config
@@ -94,7 +114,11 @@ class VadEngine:
         self.name = name
         self.instances = options.instances
         self.threads = options.threads or 1
-        self.limits = audio.AudioLimits(max_audio_s=options.max_audio_s)
+        self.audio_limits = lim = audio.AudioLimits(
+            max_audio_s=options.max_audio_s, max_rate_hz=options.max_rate_hz,
+            max_channels=options.max_channels)
+        self.limits = limits(lim)
+        self._samples = self.limits[-1]
         self.aging_ns = policy.aging_ns(options.priority_aging_ms)
         self.defaults = {k: getattr(options, k) for k in PARAMETERS}
         self._sessions: list[Any] = []
@@ -130,14 +154,15 @@ class VadEngine:
     def close(self) -> None:
         self._sessions = []
 
-    # -- the preparation pool ---------------------------------------------------------------
+    # -- the media lane (core/offload.media_lane) ---------------------------------------
 
     def decode(self, data: bytes, clock: StageClock) -> VadAudio:
         t0 = time.perf_counter_ns()
-        x, info = audio.decode(data, self.limits)
+        x, info = audio.decode(data, self.audio_limits)
         t1 = time.perf_counter_ns()
         clock.add("audio-decode", t0, t1, f"{info.format} {info.sample_rate} Hz "
                                           f"x{info.channels}")
+        self._samples.check(audio.samples_at(len(x), info.sample_rate, RATE_HZ), "the audio")
         x16k = audio.resample(x, info.sample_rate, RATE_HZ)
         clock.add("resample", t1, time.perf_counter_ns())
         assert info.duration_s is not None

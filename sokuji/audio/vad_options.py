@@ -19,6 +19,11 @@ class VadOptions(_Table, frozen=True):
     """Intra-op threads of each session; 0: the model's ``intra_op_threads`` (its kind fills
     it in), else 1."""
     max_audio_s: Annotated[float, Meta(gt=0, le=86400)] = 600.0
+    """Seconds of one file (from its header, before decoding: 413)."""
+    max_rate_hz: Annotated[int, Meta(ge=8000, le=768_000)] = 192_000
+    """Sample rate of one file (from its header: 400 past it, or under 8000 Hz)."""
+    max_channels: Annotated[int, Meta(ge=1, le=64)] = 8
+    """Channels of one file (from its header: 400 past it)."""
     priority_aging_ms: Annotated[float, Meta(ge=0, le=86_400_000)] = 1000.0
     """Default: the model's ``priority_aging_ms`` (its kind fills it in)."""
     threshold: Annotated[float, Meta(gt=0, lt=1)] = 0.5

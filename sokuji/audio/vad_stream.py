@@ -112,7 +112,7 @@ class VadStream:
         defaults = getattr(model, "defaults", DEFAULTS)
         self.params = check_parameters(params or {}, defaults)
         self.decoder = WavStreamDecoder(
-            limits or getattr(model, "limits", None) or audio.DEFAULT_LIMITS)
+            limits or getattr(model, "audio_limits", None) or audio.DEFAULT_LIMITS)
         self._resampler: Any = None
         self._model = FrameModel(session)
         self._pending = np.zeros(0, np.float32)

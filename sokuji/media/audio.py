@@ -15,8 +15,12 @@ before a sample is decoded.
   streaming encoders write) is read at most ``max_audio_s`` + 1 frames deep, then refused
   (413) if longer. A truncated FLAC ("lost sync", or fewer frames than STREAMINFO) is 400.
 - **Limits** (``AudioLimits``): duration (413 naming seconds and the limit), sample rate
-  8000-192000 Hz, channels <= 8 (400). Peak memory is the mono signal at the source rate plus
-  one block: at most ``max_audio_s`` x rate x 4 bytes (600 s at 192 kHz: 460 MB).
+  8000-192000 Hz, channels <= 8 (400). A header's rate of 0 is refused (400) where it is
+  read, before anything divides by it; a duration is frames / rate of two header integers
+  (never NaN), checked before a sample is decoded. Peak memory is the mono signal at the
+  source rate plus one block: at most ``max_audio_s`` x rate x 4 bytes (600 s at 192 kHz:
+  460 MB); after resampling to 16 kHz, at most ``max_audio_s`` x 16000 samples
+  (``samples_at``, checked before resampling).
 - **Downmix** by the mean of the channels (as silero's ``read_audio``); **resample** with
   soxr HQ (chunk-invariant: its streaming resampler gives the same samples, tested).
 """
@@ -53,6 +57,18 @@ class AudioLimits:
     min_rate_hz: int = 8000
     max_rate_hz: int = 192000
     max_channels: int = 8
+
+    @property
+    def max_source_bytes(self) -> int:
+        """The most bytes one file's mono float32 signal holds at its source rate."""
+        return int(self.max_audio_s * self.max_rate_hz) * 4
+
+
+def samples_at(frames: int, from_hz: int, to_hz: int) -> int:
+    """How many samples ``frames`` at ``from_hz`` become at ``to_hz`` (soxr's count:
+    rounded; an upper bound within one sample). Integers only: nothing to divide by 0
+    (``from_hz`` > 0 is the header check's)."""
+    return (frames * to_hz + from_hz // 2) // from_hz
 
 
 DEFAULT_LIMITS = AudioLimits()
@@ -132,6 +148,8 @@ def _parse_fmt(fmt: bytes | bytearray, size: int) -> tuple[int, int, int, int]:
                                    f"32-bit integer or 32-bit float)")
     if channels < 1:
         raise InvalidInput("WAV header says 0 channels")
+    if rate < 1:  # before anything divides by it (frames / rate)
+        raise InvalidInput("WAV header says sample rate 0 Hz", param="audio")
     return code, channels, rate, bits
 
 
@@ -148,7 +166,8 @@ def check_limits(info: AudioInfo, limits: AudioLimits) -> None:
 
 def too_long(duration_s: float, limits: AudioLimits, at_least: bool = False) -> PayloadTooLarge:
     return PayloadTooLarge(f"audio is {'over ' if at_least else ''}{duration_s:.1f} s, "
-                           f"limit {limits.max_audio_s:g} s")
+                           f"limit {limits.max_audio_s:g} s (options.max_audio_s)",
+                           param="options.max_audio_s")
 
 
 def probe(data: bytes, limits: AudioLimits = DEFAULT_LIMITS) -> AudioInfo:
@@ -197,6 +216,8 @@ def _probe_flac(data: bytes) -> AudioInfo:
         raise InvalidInput(f"corrupt FLAC: {reason}") from exc
     if raw.format != "FLAC":
         raise UnsupportedMediaType(NOT_WAV_OR_FLAC)
+    if raw.samplerate < 1 or raw.channels < 1:
+        raise InvalidInput(f"FLAC header says {raw.samplerate} Hz x {raw.channels} channels")
     # libsndfile reports an unknown total (STREAMINFO 0) as SF_COUNT_MAX.
     frames = None if raw.frames >= (1 << 62) or raw.frames <= 0 else int(raw.frames)
     return AudioInfo("flac", int(raw.samplerate), int(raw.channels), frames,

@@ -1,13 +1,14 @@
 """The contract between a media model's serving layer and its engine.
 
 The serving layer (``sokuji/media/model.py``) owns what every model shares: admission and
-deadlines (``core/policy.py``), the preparation pool, the request's Timeline, the protocols.
+deadlines (``core/policy.py``), the media lane (``core/offload.py``), the request's Timeline,
+the protocols.
 An engine owns what is specific: decoding and checking a file, and running its ONNX sessions
 on threads of its own, batching work of many requests where that is exact.
 
 The way of one file::
 
-    decoded = engine.decode(data, clock)      # in the preparation pool: limits first, then
+    decoded = engine.decode(data, clock)      # in the media lane: limits first, then
                                               # decode (+ resize / resample); 4xx naming it
     params = engine.parameters(raw)           # the request's V2 parameters, checked (400)
     engine.enqueue(MediaJob(decoded, params, clock, deadline_ns, priority, done))
@@ -22,8 +23,13 @@ anything else is a bug (500).
 Stages are recorded in the job's ``StageClock`` as spans of ``perf_counter_ns``: the engine
 records its own (``image-decode``, ``resize``, ``det``, ``cls``, ``rec``; ``audio-decode``,
 ``resample``, ``infer``), and a wait before a batched stage as ``<stage>-wait``. A batched
-stage's span is the batch's run, recorded in every job of the batch, with a note (``batch
-6 of 3 requests``).
+stage's span is the batch's run, recorded in every job of the batch, with a note that
+speaks of the job's own work only (``4 crops``): never of the other requests in the batch.
+
+A request's files share one ``RequestBudget``: work an engine learns only on its threads
+(an image's crops, known after det) is counted there against the request's limits
+(``core/limits.py``), before the work it bounds; past one, that file's ``done`` gets the
+``LimitExceeded`` and the request is refused (413).
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from sokuji.core.limits import Limit
 from sokuji.core.model import ModelMetadata, RecordStream
 from sokuji.core.request import Priority
 
@@ -43,6 +50,10 @@ class Span:
     start_ns: int
     end_ns: int
     note: str = ""
+    """Shown to the client (``Server-Timing``): the job's own work only."""
+    requests: int = 0
+    """A batched stage: the requests whose work shared the batch (the operator's metrics,
+    ``sokuji_media_batch_requests``; never shown to a client)."""
 
 
 class StageClock:
@@ -54,9 +65,10 @@ class StageClock:
         self.spans: list[Span] = []
         self._lock = threading.Lock()
 
-    def add(self, name: str, start_ns: int, end_ns: int, note: str = "") -> None:
+    def add(self, name: str, start_ns: int, end_ns: int, note: str = "",
+            requests: int = 0) -> None:
         with self._lock:
-            self.spans.append(Span(name, start_ns, end_ns, note))
+            self.spans.append(Span(name, start_ns, end_ns, note, requests))
 
     def totals_ns(self) -> dict[str, int]:
         """Summed duration per stage name, in the order the stages first ran."""
@@ -71,6 +83,24 @@ class StageClock:
         with self._lock:
             starts = [s.start_ns for s in self.spans if names is None or s.name in names]
         return min(starts) if starts else None
+
+
+class RequestBudget:
+    """Work counted across one request's files, from any thread."""
+
+    __slots__ = ("_lock", "used")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.used: dict[str, int | float] = {}
+
+    def take(self, limit: Limit, amount: int | float, subject: str = "the request") -> None:
+        """Count ``amount`` more of ``limit``'s quantity; ``LimitExceeded`` (nothing counted)
+        when the request's total would pass it."""
+        with self._lock:
+            need = self.used.get(limit.key, 0) + amount
+            limit.check(need, subject)
+            self.used[limit.key] = need
 
 
 @dataclass(slots=True, eq=False)
@@ -93,6 +123,8 @@ class MediaJob:
     """Set by the serving layer when the client went away: skip the work, call ``done``."""
     extra: dict[str, Any] = field(default_factory=dict)
     """The engine's own per-job state."""
+    budget: RequestBudget = field(default_factory=RequestBudget)
+    """Shared by the request's files (``MediaModel.submit``)."""
 
 
 class MediaEngine(Protocol):
@@ -109,6 +141,11 @@ class MediaEngine(Protocol):
     @property
     def stage_names(self) -> tuple[str, ...]:
         """Every stage the engine records, in pipeline order (Server-Timing and metrics)."""
+
+    @property
+    def limits(self) -> tuple[Limit, ...]:
+        """Its cost bound (``core/limits.py``): every limit ``decode`` and the engine's
+        threads check, each before the work it bounds."""
 
     @property
     def streams(self) -> bool:
@@ -128,7 +165,8 @@ class MediaEngine(Protocol):
         """Check the file's limits from its header, then decode it into what ``enqueue``
         takes (records ``image-decode`` + ``resize`` or ``audio-decode`` + ``resample``).
         Raises ``InvalidInput`` (400), ``PayloadTooLarge`` (413) or ``UnsupportedMediaType``
-        (415) with a message naming the problem. Runs in the preparation pool."""
+        (415) with a message naming the problem; ``LimitExceeded`` (413) past ``limits``. Runs
+        in the media lane (``core/offload.media_lane``)."""
 
     def parameters(self, raw: Mapping[str, Any]) -> Mapping[str, Any]:
         """The request's parameters for this engine (known keys only; others ignored),

@@ -1,8 +1,10 @@
 """A media model (OCR, VAD) served under the model contract (``core/model.py``).
 
 - ``prepare(files, ctx)``: each file's limits from its header, then its decoding (and
-  resizing / resampling) in the ``sokuji-prep`` pool (``core/offload.py``): milliseconds to
-  tens of milliseconds a file, never on the event loop. A bad file is a 4xx naming it.
+  resizing / resampling) in the media lane (``core/offload.py``: ``media_lane``), never on
+  the event loop nor in the light preparation pool that tokenising shares: its own threads,
+  a bound on jobs waiting and one per tenant (``ctx.tenant``), past either a fast 429. A bad
+  file is a 4xx naming it; a file past the engine's limits (``limits``) a 413 naming it.
 - ``submit(prepared, ctx)``: admission (429: ``max_queue_depth`` files waiting for their
   first stage, or ``max_concurrency`` files in flight) and the deadline check (504), both
   from ``core/policy.py``; then one ``MediaJob`` per file to the engine, whose own threads
@@ -13,7 +15,7 @@
   ``"base64"``, nothing else); the outputs are the engine's tensors; a plain upload is
   answered with the engine's plain JSON. A file's SHA-256 and the parameters identify an
   answer in the response cache.
-- The request's Timeline: ``preprocess`` is the preparation pool's work (the engine's
+- The request's Timeline: ``preprocess`` is the media lane's work (the engine's
   ``image-decode`` + ``resize`` or ``audio-decode`` + ``resample`` and the hand-off),
   ``queue`` lasts until the engine's first stage starts on any of the request's files,
   ``infer`` until the last file is done, ``postprocess`` the hand-back. ``stage_entries``
@@ -37,6 +39,7 @@ import orjson
 
 from sokuji.config import ModelConfig
 from sokuji.core import offload, timing
+from sokuji.core.limits import Limit
 from sokuji.core.model import (
     Api,
     Capacity,
@@ -50,10 +53,10 @@ from sokuji.core.policy import Admission, DrainRate, check_deadline
 from sokuji.core.request import Stage, Timeline
 from sokuji.core.tensor import InferRequest, Tensor
 from sokuji.errors import InvalidInput, ModelNotReady, RuntimeFailed, SokujiError, TooManyItems
-from sokuji.media.engine import MediaEngine, MediaJob, StageClock
+from sokuji.media.engine import MediaEngine, MediaJob, RequestBudget, StageClock
 
 PREP_STAGES = frozenset({"image-decode", "resize", "audio-decode", "resample"})
-"""Stages an engine records in ``decode`` (the preparation pool), before its queue."""
+"""Stages an engine records in ``decode`` (the media lane), before its queue."""
 
 
 @dataclass
@@ -110,8 +113,8 @@ class MediaSubmission:
 
     def stage_entries(self) -> list[timing.Entry]:
         """The engine's stages, summed over the request's files, in the order they first
-        ran. A stage's description: its batches when it ran in several (``3 batches of
-        3+3+2, up to 2 requests``), else its one note."""
+        ran. A stage's description: the request's own crops when it ran in batches (``8
+        crops``), else its one note; never anything of the other requests of a batch."""
         totals: dict[str, int] = {}
         notes: dict[str, list[str]] = {}
         for job in self.jobs:
@@ -129,18 +132,17 @@ class MediaSubmission:
         return out
 
 
-_BATCH = re.compile(r"batch (\d+) from (\d+) request")
+_CROPS = re.compile(r"(\d+) crops?")
 
 
 def _describe(notes: list[str]) -> str | None:
     if len(notes) <= 1:
         return notes[0] if notes else None
-    batches = [m.groups() for m in map(_BATCH.match, notes) if m is not None]
-    if len(batches) < len(notes):
+    counts = [m.group(1) for m in map(_CROPS.fullmatch, notes) if m is not None]
+    if len(counts) < len(notes):
         return notes[0]
-    most = max(int(r) for _, r in batches)
-    return (f"{len(batches)} batches of {'+'.join(n for n, _ in batches)}, up to {most} "
-            f"request{'s' if most > 1 else ''}")
+    n = sum(map(int, counts))
+    return f"{n} crop{'s' if n != 1 else ''}"
 
 
 def _base64(name: str, i: int, element: str | bytes) -> bytes:
@@ -207,6 +209,9 @@ class MediaModel(ModelBase):
         """Files submitted and not done (waiting or running)."""
         self._started = False
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.limits: tuple[Limit, ...] = (
+            Limit("max_batch_size", config.max_batch_size, "files", "files in one request"),
+            *engine.limits)
 
     @classmethod
     def over(cls, config: ModelConfig, engine: MediaEngine) -> MediaModel:
@@ -302,7 +307,7 @@ class MediaModel(ModelBase):
         """``inputs``: the files and the request's raw parameters."""
         files, raw = inputs
         params = self.engine.parameters(raw)
-        decoded = await offload.run(self._decode_all, files)
+        decoded = await offload.media_lane().run(ctx.tenant, self._decode_all, files)
         if ctx.timeline is not None:
             ctx.timeline.mark(Stage.PREPROCESS)
         return MediaPrepared(decoded, params)
@@ -323,9 +328,10 @@ class MediaModel(ModelBase):
         check_deadline(ctx.deadline_ns, now, float(self.engine.num_queued), self.drain.per_s,
                        saturated=self.engine.num_running > 0)
         jobs, futures = [], []
+        budget = RequestBudget()
         for decoded, clock in prepared.files:
             job = MediaJob(decoded, prepared.params, clock, ctx.deadline_ns, ctx.priority,
-                           _never, enqueued_ns=now)
+                           _never, enqueued_ns=now, budget=budget)
             futures.append(self._bind(job))
             jobs.append(job)
         self.num_admitted += n

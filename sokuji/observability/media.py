@@ -7,7 +7,6 @@ latency): one ``Histogram.observe`` per stage of each file.
 
 from __future__ import annotations
 
-import re
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Histogram
@@ -18,7 +17,6 @@ if TYPE_CHECKING:
 STAGE_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
                    2.5, 5.0, 10.0, 30.0)
 BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
-_REQUESTS = re.compile(r"from (\d+) request")
 
 
 class MediaMetrics:
@@ -41,8 +39,7 @@ class MediaMetrics:
                 self.stage.labels(model, name).observe(ns / 1e9)
             seen: dict[str, int] = {}
             for span in list(job.clock.spans):
-                m = _REQUESTS.search(span.note) if span.note else None
-                if m is not None:
-                    seen[span.name] = max(seen.get(span.name, 0), int(m.group(1)))
+                if span.requests:
+                    seen[span.name] = max(seen.get(span.name, 0), span.requests)
             for name, count in seen.items():
                 self.batch_requests.labels(model, name).observe(count)

@@ -3,7 +3,7 @@
 
 The way of one image::
 
-    decode (preparation pool)   image-decode (media/image.py) + resize (ocr_stages.prepare)
+    decode (media lane)         image-decode (media/image.py) + resize (ocr_stages.prepare)
     det worker thread           det-wait, det (session + DBPostProcess + sort), crop
     cls/rec worker thread       cls-wait, cls (batched), rec-wait, rec (batched), results
 
@@ -24,6 +24,12 @@ The way of one image::
   rather than adding a third thread on two cores.
 - **Order.** Each queue serves by ``core/policy.rank`` (priority with aging), then the
   request's arrival: older requests' crops go first.
+- **Cost bound** (``limits``, ``core/limits.py``; each an option, ``ocr_options.py``).
+  From the header, before a pixel is decoded: ``max_pixels`` and ``max_side`` (the decoded
+  image), ``max_aspect_ratio``, ``max_det_pixels`` (the sizes after rapidocr's short-side
+  upscale, letterbox and det resize: ``ocr_stages.geometry``). After det, before cls / rec:
+  ``max_boxes`` (one image), ``max_crops`` and ``max_rec_width`` (the request's images
+  summed, through the job's ``RequestBudget``). Past any: ``LimitExceeded`` (413).
 - **Jobs.** ``done`` is called exactly once per job (``_Job.finish``): its result, or
   ``DeadlineExceeded`` (still waiting for det at its deadline), ``ModelNotReady`` (stopped),
   ``RuntimeFailed`` (a bug in a stage), or a ``SokujiError`` "cancelled" for a job whose
@@ -42,6 +48,7 @@ from typing import Any
 
 import numpy as np
 
+from sokuji.core.limits import Limit
 from sokuji.core.model import ModelMetadata, TensorSpec
 from sokuji.core.policy import aging_ns
 from sokuji.errors import RuntimeFailed, SokujiError
@@ -96,6 +103,23 @@ class _Crop:
     """Its rapidocr chunk (the batch key when cross-request batching is off)."""
 
 
+def limits(o: OcrOptions) -> tuple[Limit, ...]:
+    """Kind ocr's cost bound, from its options (each key is ``options.<name>``)."""
+    return (
+        Limit("options.max_pixels", o.max_pixels, "pixels", "pixels of one decoded image"),
+        Limit("options.max_side", o.max_side, "px", "the longest side of one decoded image"),
+        Limit("options.max_aspect_ratio", o.max_aspect_ratio, "long/short",
+              "one image's long side over its short side"),
+        Limit("options.max_det_pixels", o.max_det_pixels, "pixels",
+              "pixels of one image after every resize and pad (the letterboxed image or "
+              "det's input, the larger)"),
+        Limit("options.max_boxes", o.max_boxes, "boxes", "text boxes det finds in one image"),
+        Limit("options.max_crops", o.max_crops, "crops",
+              "crops recognised for one request, over its images"),
+        Limit("options.max_rec_width", o.max_rec_width, "px",
+              "rec's padded widths of one request's crops, summed"))
+
+
 class OcrEngine:
     input_name = "image"
     stage_names = STAGES
@@ -104,7 +128,10 @@ class OcrEngine:
     def __init__(self, name: str, options: OcrOptions) -> None:
         self.name = name
         self.options = o = options
-        self.limits = media_image.ImageLimits(max_pixels=o.max_pixels, max_side=o.max_side)
+        self.image_limits = media_image.ImageLimits(max_pixels=o.max_pixels,
+                                                    max_side=o.max_side)
+        self.limits = limits(o)
+        self._lim = {limit.key.removeprefix("options."): limit for limit in self.limits}
         self.metadata = ModelMetadata(
             platform="onnxruntime_ocr",
             inputs=(TensorSpec("image", "BYTES", (-1,), media_types=media_image.MEDIA_TYPES),),
@@ -175,15 +202,26 @@ class OcrEngine:
     def num_running(self) -> int:
         return self._running
 
-    # -- the preparation pool -----------------------------------------------------------
+    # -- the media lane (core/offload.media_lane) ----------------------------------------
     def decode(self, data: bytes, clock: StageClock) -> st.Prepared:
         t0 = time.perf_counter_ns()
-        img = media_image.decode(data, self.limits)
+        info = media_image.probe(data, self.image_limits)
+        self.check_geometry(info.width, info.height)
+        img = media_image.decode(data, self.image_limits)
         t1 = time.perf_counter_ns()
         clock.add("image-decode", t0, t1)
         prepared = st.prepare(img)
         clock.add("resize", t1, time.perf_counter_ns())
         return prepared
+
+    def check_geometry(self, width: int, height: int) -> st.Geometry:
+        """The sizes a ``width`` x ``height`` image would take, checked against
+        ``max_aspect_ratio`` and ``max_det_pixels`` before any of them is allocated."""
+        geo = st.geometry(width, height)
+        subject = f"a {width}x{height} image"
+        self._lim["max_aspect_ratio"].check(geo.aspect, subject)
+        self._lim["max_det_pixels"].check(geo.pixels, subject)
+        return geo
 
     def parameters(self, raw: Mapping[str, Any]) -> Mapping[str, Any]:
         return request_parameters(raw, self.options)
@@ -281,8 +319,15 @@ class OcrEngine:
         if not boxes:
             self._finish(state, [], None)
             return
-        crop_list = st.crops(prepared.image, boxes)
-        max_ratio, widths, chunks = st.rec_widths(crop_list)
+        try:
+            self._lim["max_boxes"].check(len(boxes), "an image")
+            job.budget.take(self._lim["max_crops"], len(boxes))
+            crop_list = st.crops(prepared.image, boxes)
+            max_ratio, widths, chunks = st.rec_widths(crop_list)
+            job.budget.take(self._lim["max_rec_width"], sum(widths))
+        except SokujiError as exc:
+            self._finish(state, None, exc)
+            return
         state.boxes = boxes
         state.texts = [None] * len(crop_list)
         state.left = len(crop_list)
@@ -326,9 +371,11 @@ class OcrEngine:
         jobs = {id(c.job): c.job for c in crops_}
         if len(jobs) > 1:
             self.multi_request_batches += 1
-        note = f"batch {len(crops_)} from {len(jobs)} request{'s' if len(jobs) > 1 else ''}"
-        for state in jobs.values():
-            state.job.clock.add(stage, t0, t1, note)
+        mine = collections.Counter(id(c.job) for c in crops_)
+        for key_, state in jobs.items():
+            # The job's own crops only: the batch's other requests are none of its business.
+            n = mine[key_]
+            state.job.clock.add(stage, t0, t1, f"{n} crop{'s' if n != 1 else ''}", len(jobs))
             state.cursor_ns = t1
         if stage == "cls":
             self._put_rec(crops_)

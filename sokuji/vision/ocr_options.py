@@ -6,6 +6,11 @@ Per request: ``text_score`` (drop lines scored below), ``box_thresh`` and ``uncl
 (det post-processing, run per image), ``use_cls`` (whether the image's crops go through the
 orientation classifier). None of them changes a batch's shape, so all four apply per job
 without touching cross-request batching.
+
+The cost bound (``max_*``; ``OcrEngine.limits``, shown as ``limit.options.<key>`` in the
+model's config): one image's decoded size, aspect ratio and pixels after every resize and
+pad, checked from its header; its boxes, and the request's crops and rec widths summed over
+its images, checked after det and before cls / rec. Past any: 413 naming the key.
 """
 
 from __future__ import annotations
@@ -38,7 +43,30 @@ class OcrOptions(_Table, frozen=True):
     W=960: 36 ms alone, 47-50 ms at b4); up to 2560 it costs the same."""
     cross_request_batching: bool = True
     max_pixels: Annotated[int, _ints(1, 1_000_000_000)] = 25_000_000
+    """Pixels of one decoded image (from its header, before decoding)."""
     max_side: Annotated[int, _ints(1, 1_000_000)] = 20_000
+    """The longest side of one decoded image, px (from its header)."""
+    max_aspect_ratio: Annotated[float, _why("must be from 1 to 1000000", ge=1, le=1_000_000)] \
+        = 64.0
+    """One image's long side over its short side (from its header). rapidocr upscales a
+    short side under 30 px to 30 and pads a wide image to 4:1, so a strip's work grows with
+    the square of its ratio (a 2000 x 1 PNG of 80 bytes: a 15000 x 60000 det input). 64
+    takes a 2000 x 32 line of text."""
+    max_det_pixels: Annotated[int, _ints(1, 1_000_000_000)] = 4_500_000
+    """Pixels of one image after every resize and pad: the larger of the letterboxed image
+    and det's input, computed from the header before a pixel is decoded. Every image of
+    aspect ratio up to 8 (rapidocr's letterbox ratio: documents, photos) needs at most
+    4,333,568 (a 1 x 8 shape: 736 x 5888); a taller one needs 736 x 736 x its ratio.
+    Measured, det on one thread: ~0.7 s and ~180 MB a megapixel."""
+    max_boxes: Annotated[int, _ints(1, 1000)] = 1000
+    """Text boxes of one image (rapidocr's det looks for at most 1000)."""
+    max_crops: Annotated[int, _ints(1, 1_000_000)] = 1000
+    """Crops of one request, summed over its images, counted after det and before cls /
+    rec: the recognition work (a dense page's 1000 crops: ~45 s of rec on one thread)."""
+    max_rec_width: Annotated[int, _ints(1, 1_000_000_000)] = 320_000
+    """rec's padded widths (px, at 48 px high) of one request's crops, summed: what rec's
+    work is proportional to. 320,000: 1000 crops at the narrowest width rapidocr pads to
+    (320), or fewer, wider ones."""
     text_score: Annotated[float, _why("must be from 0 to 1", ge=0, le=1)] = 0.5
     box_thresh: Annotated[float, _why("must be from 0 to 1", ge=0, le=1)] = 0.5
     unclip_ratio: Annotated[float, _why("must be above 0 and at most 10", gt=0, le=10)] = 1.6

@@ -12,7 +12,9 @@ Reused from the package (never re-implemented; identity depends on them):
 - ``TextClassifier.resize_norm_img`` and ``ClsPostProcess``; ``TextRecognizer
   .resize_norm_img`` and ``CTCLabelDecode`` built from the rec model's own metadata.
 The configuration is the package's own ``config.yaml``. What is Sokuji's: the order of the
-work, the sessions, and ``rec_widths`` (which padded width rapidocr would give each crop:
+work, the sessions, ``geometry`` (the sizes ``prepare`` would allocate, by the same
+arithmetic from the width and height alone: the cost bound is checked on it before a pixel
+is decoded), and ``rec_widths`` (which padded width rapidocr would give each crop:
 its per-image sort by width/height in chunks of ``rec_batch_num``, see the research note).
 """
 
@@ -104,16 +106,75 @@ class Prepared:
     raw_w: int
 
 
+def _scaled(h: int, w: int, ratio: float) -> tuple[int, int]:
+    """rapidocr's resize arithmetic (``reduce_max_side``, ``increase_min_side``,
+    ``DetPreProcess.resize``): each side times ``ratio``, truncated, rounded to 32."""
+    return int(round(int(h * ratio) / 32) * 32), int(round(int(w * ratio) / 32) * 32)
+
+
+@dataclass(frozen=True, slots=True)
+class Geometry:
+    """The sizes one image of ``width`` x ``height`` takes on its way to det, from the header
+    alone (``geometry``): what ``prepare`` would allocate, computed before it does."""
+
+    width: int
+    height: int
+    image: tuple[int, int]
+    """(h, w) of the prepared image: after the short-side upscale and the letterbox (crops
+    are cut from it)."""
+    det: tuple[int, int]
+    """(h, w) of the det input: the prepared image after det's resize (0 x 0: none)."""
+
+    @property
+    def aspect(self) -> float:
+        """The decoded image's long side over its short side."""
+        return max(self.width, self.height) / min(self.width, self.height)
+
+    @property
+    def pixels(self) -> int:
+        """The most pixels one step holds: the prepared image or the det input."""
+        return max(self.image[0] * self.image[1], self.det[0] * self.det[1])
+
+
+def geometry(width: int, height: int) -> Geometry:
+    """The sizes ``prepare`` gives a ``width`` x ``height`` image, by the same arithmetic
+    (``RapidOCR.preprocess``, ``maybe_add_letterbox``, ``get_preprocess`` + ``DetPreProcess
+    .resize``), without touching a pixel. ``InvalidInput`` where rapidocr's own resize would
+    refuse (a side rounding to 0 px). Equal to ``prepare``'s shapes (tested)."""
+    h, w = height, width
+    if max(h, w) > _OCR.max_side_len:
+        h, w = _scaled(h, w, float(_OCR.max_side_len) / (h if h > w else w))
+        if h <= 0 or w <= 0:
+            raise _too_thin(width, height)
+    if min(h, w) < _OCR.min_side_len:
+        h, w = _scaled(h, w, float(_OCR.min_side_len) / (h if h < w else w))
+        if h <= 0 or w <= 0:
+            raise _too_thin(width, height)
+    ratio = _OCR.width_height_ratio
+    if h <= _OCR.min_height or (ratio != -1 and w / h > ratio):
+        new_h = max(int(w / ratio), _OCR.min_height) * 2
+        h += 2 * int(abs(new_h - h) / 2)
+    limit = _DET.get_preprocess(max(h, w)).limit_side_len
+    det_ratio = float(limit) / (h if h < w else w) if min(h, w) < limit else 1.0
+    dh, dw = _scaled(h, w, det_ratio)
+    det = (dh, dw) if dh > 0 and dw > 0 else (0, 0)
+    return Geometry(width, height, (h, w), det)
+
+
+def _too_thin(width: int, height: int) -> InvalidInput:
+    # rapidocr's own refusal: a side that rounds to 0 px once the longest side is cut
+    # to 2000 (a 1 x 5000 strip). Its input, not our bug: a 400 that says so.
+    return InvalidInput(f"image is {width}x{height}: too thin for OCR (a side rounds to 0 px "
+                        "once the longest is scaled to 2000 px)", param="image")
+
+
 def prepare(img: np.ndarray) -> Prepared:
     """``RapidOCR.preprocess`` + ``maybe_add_letterbox`` + det's resize and normalise."""
     raw_h, raw_w = img.shape[:2]
     try:
         img, ratio_h, ratio_w = _OCR.preprocess(img)
     except ResizeImgError:
-        # rapidocr's own refusal: a side that rounds to 0 px once the longest side is cut
-        # to 2000 (a 1 x 5000 strip). Its input, not our bug: a 400 that says so.
-        raise InvalidInput(f"image is {raw_w}x{raw_h}: too thin for OCR (a side rounds to 0 px "
-                           "once the longest is scaled to 2000 px)", param="image") from None
+        raise _too_thin(raw_w, raw_h) from None
     op_record: dict[str, Any] = {"preprocess": {"ratio_h": ratio_h, "ratio_w": ratio_w}}
     img, op_record = _OCR.maybe_add_letterbox(img, op_record)
     det_input = _DET.get_preprocess(max(img.shape[0], img.shape[1]))(img)

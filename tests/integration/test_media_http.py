@@ -35,6 +35,13 @@ runtime = "ocr"
 max_batch_size = 4
 max_request_bytes = 4194304
 [[models]]
+name = "ocr_tight"
+runtime = "ocr"
+max_batch_size = 4
+max_request_bytes = 4194304
+warmup = false
+options = { max_crops = 4 }
+[[models]]
 name = "vad"
 runtime = "vad"
 max_batch_size = 4
@@ -124,7 +131,11 @@ def test_ocr_server_timing_names_every_stage(url: str) -> None:
     for name in ("decode", "preprocess", "queue", "infer", "encode", "total",
                  "image-decode", "resize", "det", "cls", "rec"):
         assert name in got, (name, r.headers["server-timing"])
-    assert "batch" in got["rec"] and "request" in got["rec"]  # the batch it ran in
+    # The request's own crops (lines3.png: 3 lines), never the batch's other requests
+    # (issue 25: "batch N from M requests" told a tenant how many others ran beside it).
+    assert got["rec"].endswith('desc="3 crops"'), got["rec"]
+    assert "request" not in r.headers["server-timing"]
+    assert "batch" not in got["cls"] and "batch" not in got["rec"]
 
 
 def test_repeated_image_is_a_cache_hit(url: str) -> None:
@@ -208,6 +219,22 @@ def wav_bytes(rate: int, seconds: float, declared_frames: int | None = None) -> 
     return data
 
 
+def wav_rate(rate: int) -> bytes:
+    """A 16-bit mono WAV whose header says ``rate`` (0 was a 500 ZeroDivisionError)."""
+    body = b"\0" * 320
+    fmt = struct.pack("<HHIIHH", 1, 1, rate, (rate * 2) & 0xFFFFFFFF, 2, 16)
+    return (b"RIFF" + struct.pack("<I", 36 + len(body)) + b"WAVE" + b"fmt " +
+            struct.pack("<I", 16) + fmt + b"data" + struct.pack("<I", len(body)) + body)
+
+
+def white_png(width: int, height: int) -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("L", (width, height), 255).save(buf, "PNG")
+    return buf.getvalue()
+
+
 def thin_png() -> bytes:
     from PIL import Image
 
@@ -234,6 +261,9 @@ BAD: list[tuple[str, str, Any, dict[str, str], int, str]] = [
     ("vad", "rate", wav_bytes(4000, 1), {"Content-Type": "audio/wav"}, 400, "4000"),
     ("vad", "truncated wav", wav_bytes(16000, 1, declared_frames=32000),
      {"Content-Type": "audio/wav"}, 400, "truncated"),
+    ("vad", "rate 0", wav_rate(0), {"Content-Type": "audio/wav"}, 400, "sample rate 0 Hz"),
+    ("vad", "rate 4e9", wav_rate(4_000_000_000), {"Content-Type": "audio/wav"}, 400,
+     "4000000000 Hz"),
 ]
 
 
@@ -246,6 +276,51 @@ def test_bad_files_are_refused_with_a_reason(url: str, model: str, what: str, bo
                       timeout=60)
     assert r.status_code == status, (what, r.status_code, r.text)
     assert words.lower() in r.json()["error"].lower(), r.text
+
+
+@pytest.mark.parametrize(("width", "height"), [(2000, 1), (300, 1), (100, 1), (1, 300)])
+def test_a_strip_is_refused_before_its_upscale_and_the_server_lives(url: str, width: int,
+                                                                    height: int) -> None:
+    """Issue 25 finding 1: a white 2000 x 1 PNG of ~80 bytes grew the server to 23.7 GB
+    (rapidocr's short-side upscale and letterbox: a 15000 x 60000 det input) and the OOM
+    killer ended it; a 300 x 1 took 1.4 GB and 2 s. Now: 413 from the header, at once."""
+    strip = white_png(width, height)
+    assert len(strip) < 200
+    r = requests.post(f"{url}/v2/models/ocr/infer", data=strip,
+                      headers={"Content-Type": "image/png"}, timeout=60)
+    assert r.status_code == 413, r.text
+    assert r.json()["error"].endswith("options.max_aspect_ratio = 64"), r.text
+    ok = requests.post(f"{url}/v2/models/ocr/infer", data=IMAGE,
+                       headers={"Content-Type": "image/png", "Cache-Control": "no-cache"},
+                       timeout=60)
+    assert ok.status_code == 200 and len(ok.json()["lines"]) == 3, ok.text
+
+
+def test_a_requests_crops_are_bounded_over_its_files(url: str) -> None:
+    """Finding 4: 8 images x 1000 boxes = 8000 crops on the one rec thread. The crops of
+    one request are summed over its files and refused past ``max_crops`` before rec."""
+    one = requests.post(f"{url}/v2/models/ocr_tight/infer", data=IMAGE,
+                        headers={"Content-Type": "image/png"}, timeout=60)
+    assert one.status_code == 200 and len(one.json()["lines"]) == 3, one.text
+    two = requests.post(f"{url}/v2/models/ocr_tight/infer",
+                        json=b64_body("image", [IMAGE, IMAGE]), timeout=60)
+    assert two.status_code == 413, two.text
+    assert "needs 6 crops" in two.json()["error"]
+    assert "options.max_crops = 4" in two.json()["error"]
+
+
+def test_the_media_models_state_their_limits(url: str) -> None:
+    ocr = requests.get(f"{url}/v2/models/ocr/config", timeout=10).json()["parameters"]
+    assert ocr["limit.options.max_det_pixels"]["string_value"].startswith("4.5e+06 pixels")
+    for key in ("max_batch_size", "options.max_pixels", "options.max_side",
+                "options.max_aspect_ratio", "options.max_boxes", "options.max_crops",
+                "options.max_rec_width"):
+        assert f"limit.{key}" in ocr, key
+    vad = requests.get(f"{url}/v2/models/vad/config", timeout=10).json()["parameters"]
+    assert vad["limit.options.max_audio_s"]["string_value"].startswith("60 seconds")
+    assert vad["limit.samples_16k"]["string_value"].startswith("960001 samples")
+    for key in ("options.max_rate_hz", "options.max_channels", "source_bytes"):
+        assert f"limit.{key}" in vad, key
 
 
 def test_a_decompression_bomb_is_refused_before_decoding(url: str) -> None:

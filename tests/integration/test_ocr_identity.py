@@ -8,6 +8,7 @@ interleaving: that holds a stage until the test says go, with events, never slee
 from __future__ import annotations
 
 import itertools
+import re
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -25,6 +26,7 @@ pytest.importorskip("rapidocr_onnxruntime")
 
 from rapidocr_onnxruntime import RapidOCR
 
+from sokuji.core.limits import LimitExceeded
 from sokuji.vision.ocr import OcrEngine
 from sokuji.vision.ocr_options import OcrOptions
 from tests.conftest import options_of
@@ -195,10 +197,10 @@ def test_concurrent_requests_share_batches_and_stay_identical(
         assert out.error is None and out.calls == 1, name
         assert_same(out.result, reference[name], name)
     assert engine.multi_request_batches > mixed_before
-    notes = [s.note for o in outs for s in o.clock.spans if s.name in ("cls", "rec")]
-    shared = [n for n in notes if not n.endswith("from 1 request")]
-    assert shared, notes
-    assert any(n.startswith("batch") and "requests" in n for n in shared)
+    spans = [s for o in outs for s in o.clock.spans if s.name in ("cls", "rec")]
+    assert any(s.requests > 1 for s in spans), spans  # for the operator's metrics
+    # what a client is shown counts its own crops only (issue 25)
+    assert all(re.fullmatch(r"\d+ crops?", s.note) for s in spans), spans
     assert max(engine.rec_batch_sizes) <= engine.options.rec_max_batch
     # Waits and runs of one job on the cls/rec thread never overlap.
     for out in outs:
@@ -308,3 +310,20 @@ def test_deadline_cancel_stop_and_a_stage_bug() -> None:
     finally:
         broken.stop()
         broken.close()
+
+
+def test_recognition_work_is_refused_past_the_rec_width_before_rec() -> None:
+    """Issue 25 finding 4: nothing bounded a request's recognition work. The padded widths
+    of its crops are summed (over its files, through the request's budget) before cls/rec."""
+    eng = make_engine(max_rec_width=900)
+    try:
+        out = submit(eng, (IMAGES / "lines3.png").read_bytes()).wait()
+        assert isinstance(out.error, LimitExceeded), out.error
+        assert out.error.param == "options.max_rec_width"
+        assert out.error.need > 900 and "crops, summed" in str(out.error)
+        assert out.calls == 1
+        assert eng.rec_batch_sizes == {}  # rec never ran
+        assert not any(s.name in ("cls", "rec") for s in out.clock.spans)
+    finally:
+        eng.stop()
+        eng.close()

@@ -362,7 +362,7 @@ def test_option_defaults_are_the_request_defaults() -> None:
     eng = VadEngine("vad", VadOptions(threshold=0.8, max_audio_s=5))
     assert eng.parameters({})["threshold"] == 0.8
     assert eng.parameters({"threshold": 0.3})["threshold"] == 0.3
-    assert eng.limits.max_audio_s == 5
+    assert eng.audio_limits.max_audio_s == 5
 
 
 @pytest.mark.parametrize(("raw", "key"), [

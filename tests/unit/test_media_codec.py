@@ -37,6 +37,7 @@ class _Engine:
     input_name = "image"
     metadata = META
     streams = False
+    limits = ()
 
 
 MEDIA = MediaModel(ModelConfig(name="ocr", runtime="ocr", max_batch_size=4),
@@ -149,11 +150,11 @@ def test_outputs_json_and_binary() -> None:
         decode_v2(body, head)
 
 
-def test_a_stage_that_ran_in_several_batches_says_so() -> None:
+def test_a_stage_that_ran_in_several_batches_counts_only_its_own_crops() -> None:
     from sokuji.media.model import _describe
 
-    assert _describe(["batch 3 from 1 request", "batch 3 from 2 requests",
-                      "batch 2 from 1 request"]) == "3 batches of 3+3+2, up to 2 requests"
-    assert _describe(["batch 6 from 1 request"]) == "batch 6 from 1 request"
+    # Finding 6: "batch N from M requests" told a tenant how many others ran beside it.
+    assert _describe(["3 crops", "1 crop", "2 crops"]) == "6 crops"
+    assert _describe(["6 crops"]) == "6 crops"
     assert _describe(["300 frames", "20 frames"]) == "300 frames"
     assert _describe([]) is None

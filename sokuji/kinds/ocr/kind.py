@@ -1,5 +1,5 @@
 """Kind ``ocr``: a ``OcrEngine`` (``sokuji/vision/ocr.py``) under a ``MediaModel``
-(``media/model.py``: admission in files, the deadline, decoding in the preparation pool).
+(``media/model.py``: admission in files, the deadline, decoding in the media lane).
 Its options are ``OcrOptions`` (``vision/ocr_options.py``)."""
 
 from __future__ import annotations

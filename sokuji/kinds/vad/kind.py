@@ -1,5 +1,5 @@
 """Kind ``vad``: a ``VadEngine`` (``sokuji/audio/vad.py``) under a ``MediaModel``
-(``media/model.py``: admission in files, the deadline, decoding in the preparation pool).
+(``media/model.py``: admission in files, the deadline, decoding in the media lane).
 Its options are ``VadOptions`` (``audio/vad_options.py``)."""
 
 from __future__ import annotations
