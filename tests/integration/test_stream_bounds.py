@@ -75,7 +75,7 @@ class Stream:
         self.reader = self.sock.makefile("rb")
         head = {"Content-Type": "audio/wav", "Accept": "application/x-ndjson",
                 "X-API-Key": KEYS[tenant], **(headers or {})}
-        self.sock.sendall((f"POST {PATH} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+        self.sock.sendall((f"POST {PATH} HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n"
                            + "".join(f"{k}: {v}\r\n" for k, v in head.items())
                            + "\r\n").encode())
         self._stop = threading.Event()
@@ -250,7 +250,7 @@ def _held_body(url: str, send: Any, extra: str = ""
     """POST a plain upload declaring all of ``WAV``, ``send(sock)`` sending part of it."""
     parts = urlsplit(url)
     with socket.create_connection((parts.hostname, parts.port), timeout=30) as sock:
-        sock.sendall((f"POST {PATH} HTTP/1.1\r\nHost: x\r\nContent-Type: audio/wav\r\n"
+        sock.sendall((f"POST {PATH} HTTP/1.1\r\nHost: localhost\r\nContent-Type: audio/wav\r\n"
                       f"X-API-Key: {KEYS['acme']}\r\nContent-Length: {len(WAV)}\r\n{extra}"
                       "\r\n").encode())
         send(sock)
