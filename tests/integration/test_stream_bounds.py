@@ -75,7 +75,8 @@ class Stream:
         self.reader = self.sock.makefile("rb")
         head = {"Content-Type": "audio/wav", "Accept": "application/x-ndjson",
                 "X-API-Key": KEYS[tenant], **(headers or {})}
-        self.sock.sendall((f"POST {PATH} HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n"
+        self.sock.sendall((f"POST {PATH} HTTP/1.1\r\nHost: localhost\r\n"
+                           "Transfer-Encoding: chunked\r\n"
                            + "".join(f"{k}: {v}\r\n" for k, v in head.items())
                            + "\r\n").encode())
         self._stop = threading.Event()
