@@ -1,8 +1,8 @@
 """The hostile suite's one ``sokuji serve``, shared by every test of the package: a model of
 every declared kind (``declared.py``), API keys for two tenants, an admin, a tenant named
 ``anonymous`` and one whose name carries a separator (``t1:corp``), over real HTTP. Its
-upstream kind talks to a second, small ``sokuji serve`` (a synthetic encoder ``enc``) with
-one shared credential; the echo plug-in is installed by pip into a directory of its own."""
+upstream kind talks to a second, small ``sokuji serve`` (a synthetic encoder ``enc``) with a
+key of its own per tenant; the echo plug-in is installed by pip into a directory of its own."""
 
 from __future__ import annotations
 
@@ -26,7 +26,22 @@ KEYS = {"t1": "hostile-t1-key-0001", "t2": "hostile-t2-key-0002",
         "ops": "hostile-ops-key-0003", "anonymous": "hostile-anon-key-0004",
         "t1:corp": "hostile-corp-key-0005"}
 """Tenant -> its API key (``ops`` is the admin)."""
-UPSTREAM_KEY = "hostile-upstream-shared-0006"
+UPSTREAM_KEYS = {tenant: f"hostile-up-{i}-key-0123" for i, tenant in enumerate(KEYS)}
+"""Tenant -> its own key on the upstream server (tenant ``up-<tenant>`` there)."""
+
+
+UPSTREAM_CHECK_KEY = "hostile-up-check-key-0123"
+"""The upstream kind's own key (``api_key_env``): its start-up check; every tenant has its own."""
+
+
+def upstream_env() -> dict[str, str]:
+    return {"HOSTILE_UP_CHECK": UPSTREAM_CHECK_KEY,
+            **{f"HOSTILE_UP_{i}": key for i, key in enumerate(UPSTREAM_KEYS.values())}}
+
+
+def tenant_keys_env() -> str:
+    pairs = ", ".join(f'"{tenant}" = "HOSTILE_UP_{i}"' for i, tenant in enumerate(UPSTREAM_KEYS))
+    return f'api_key_env = "HOSTILE_UP_CHECK"\ntenant_keys_env = {{ {pairs} }}'
 
 
 def auth(tenant: str) -> dict[str, str]:
@@ -49,7 +64,7 @@ def _keys() -> str:
                    for tenant, key in KEYS.items())
 
 
-def _start(body: str, tmp: Path, name: str, env: dict[str, str]) -> tuple[
+def start(body: str, tmp: Path, name: str, env: dict[str, str]) -> tuple[
         subprocess.Popen[bytes], str]:
     port = free_port()
     config = tmp / f"{name}.toml"
@@ -57,6 +72,15 @@ def _start(body: str, tmp: Path, name: str, env: dict[str, str]) -> tuple[
     proc = subprocess.Popen([sys.executable, "-m", "sokuji", "serve", "--config", str(config)],
                             stdout=subprocess.DEVNULL, env=env)
     return proc, f"http://127.0.0.1:{port}"
+
+
+def upstream_config(cache_dir: Path, keys: dict[str, str]) -> str:
+    """The upstream server: a synthetic encoder ``enc`` behind ``keys`` (tenant -> key)."""
+    return (f'cache_dir = "{cache_dir}"\nbuiltin_pipelines = false\n'
+            + "".join(f'[[api_keys]]\nkey = "{key}"\ntenant = "up-{tenant}"\n'
+                      for tenant, key in keys.items())
+            + '[[models]]\nname = "enc"\nruntime = "synthetic"\nwarmup = false\n'
+              'options = { base_ms = 0.0 }\n')
 
 
 def _install_plugin(tmp: Path) -> Path:
@@ -76,15 +100,14 @@ def server() -> Iterator[Server]:
         tmp = Path(name)
         site = _install_plugin(tmp)
         path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)
-        env = {**os.environ, "PYTHONPATH": path, "HOSTILE_UPSTREAM_KEY": UPSTREAM_KEY}
-        up, up_url = _start(
-            f'cache_dir = "{tmp / "up"}"\nbuiltin_pipelines = false\n'
-            f'[[api_keys]]\nkey = "{UPSTREAM_KEY}"\ntenant = "shared"\n'
-            '[[models]]\nname = "enc"\nruntime = "synthetic"\nwarmup = false\n'
-            'options = { base_ms = 0.0 }\n', tmp, "upstream", env)
+        env = {**os.environ, "PYTHONPATH": path, **upstream_env()}
+        up, up_url = start(upstream_config(tmp / "up", {**UPSTREAM_KEYS,
+                                                        "check": UPSTREAM_CHECK_KEY}),
+                           tmp, "upstream", env)
         models = "".join(d.config.replace("{upstream}", up_url)
+                         .replace("{tenant_keys}", tenant_keys_env())
                          for d in declared.DECLARED.values())
-        main, url = _start(
+        main, url = start(
             f'cache_dir = "{CACHE_DIR}"\nbuiltin_pipelines = false\n'
             f'max_request_bytes = {declared.SERVER_BYTES}\n'
             f'[jobs]\npath = "{tmp / "jobs.sqlite"}"\n{_keys()}{models}', tmp, "hostile", env)

@@ -57,7 +57,8 @@ class Declared:
     """The served model's name in the suite's server."""
     config: str
     """Its TOML table(s) (``[[models]]`` or ``[[pipelines]]``); ``{upstream}`` is replaced by
-    the URL of the suite's upstream server."""
+    the URL of the suite's upstream server, ``{tenant_keys}`` by a ``tenant_keys_env`` giving
+    each tenant its own key there."""
     inputs: frozenset[str]
     requests: tuple[Request, ...]
     """One valid request per route it serves; the first is its normal request (asked after
@@ -140,7 +141,7 @@ TEXTS = ["the hostile suite's normal request", "and a second text"]
 
 DECLARED: dict[str, Declared] = {d.runtime: d for d in (
     Declared(
-        runtime="onnx", model="minilm", config='[[models]]\nname = "minilm"\nmax_batch_size = 8\n',
+        runtime="onnx", model="minilm", config='[[models]]\nname = "minilm"\nruntime = "onnx"\nmax_batch_size = 8\n',
         inputs=frozenset({TEXT}),
         requests=(v2_texts("minilm", TEXTS), v2_binary_texts("minilm", TEXTS),
                   embeddings("minilm", TEXTS)),
@@ -198,7 +199,7 @@ DECLARED: dict[str, Declared] = {d.runtime: d for d in (
         runtime="upstream", model="far",
         config='[[models]]\nname = "far"\nruntime = "upstream"\nmax_batch_size = 8\n'
                '[models.options]\nprotocol = "v2"\nurl = "{upstream}"\n'
-               'upstream_model = "enc"\napi_key_env = "HOSTILE_UPSTREAM_KEY"\n',
+               'upstream_model = "enc"\n{tenant_keys}\n',
         inputs=frozenset({TEXT}),
         requests=(v2_texts("far", TEXTS), v2_binary_texts("far", TEXTS)),
         limits_by="shared-upstream leak and LLM stop/limits"),
