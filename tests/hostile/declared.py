@@ -44,8 +44,9 @@ class Request:
     headers: Mapping[str, str] = field(default_factory=lambda: dict(JSON))
 
     @property
-    def v2(self) -> bool:
-        return self.route in (V2_JSON, V2_BINARY)
+    def label(self) -> str:
+        """Its name in a case's id: the route (OpenAI's: which endpoint)."""
+        return f"{self.route}-{self.path.split('/')[2]}" if self.route == OPENAI else self.route
 
 
 @dataclass(frozen=True)
@@ -219,7 +220,7 @@ DECLARED: dict[str, Declared] = {d.runtime: d for d in (
                'options = { entity = "user", features = ["plan"] }\n',
         inputs=frozenset({TEXT}),
         requests=(v2_texts("profile", ["user-0001"], name="user"),),
-        limits_by="tenant keys (features/caches/jobs)"),
+        limits_by="LLM stop/limits (a step's max_tokens a ceiling)"),
     Declared(
         runtime="echo", model="echo",
         config='[[models]]\nname = "echo"\nruntime = "echo"\n'

@@ -75,33 +75,33 @@ def _oversized(d: Declared) -> list[Case]:
     out = []
     for r in _bodied(d):
         big = r.body + b" " * (d.body_bytes + 1 - len(r.body))
-        out.append(Case(f"{r.route}", _send(r, big), frozenset({413}), (str(d.body_bytes),)))
+        out.append(Case(r.label, _send(r, big), frozenset({413}), (str(d.body_bytes),)))
 
         def chunked(url: str, auth: dict[str, str], r: Request = r, big: bytes = big
                     ) -> wire.Answer:
             return wire.chunked(url, r.path, {**r.headers, **auth}, big)
-        out.append(Case(f"{r.route}-chunked", chunked, frozenset({413}), (str(d.body_bytes),)))
+        out.append(Case(f"{r.label}-chunked", chunked, frozenset({413}), (str(d.body_bytes),)))
     return out
 
 
 def _lying_length(d: Declared) -> list[Case]:
     out = []
     for r in _bodied(d):
-        out.append(Case(f"{r.route}-larger", _send(r, content_length=len(r.body) + 100,
+        out.append(Case(f"{r.label}-larger", _send(r, content_length=len(r.body) + 100,
                                                    half_close=True), or_closed=True))
-        out.append(Case(f"{r.route}-smaller", _send(r, content_length=len(r.body) // 2)))
+        out.append(Case(f"{r.label}-smaller", _send(r, content_length=len(r.body) // 2)))
     return out
 
 
 def _truncated(d: Declared) -> list[Case]:
-    return [Case(r.route, _send(r, r.body[:len(r.body) // 2])) for r in _bodied(d)]
+    return [Case(r.label, _send(r, r.body[:len(r.body) // 2])) for r in _bodied(d)]
 
 
 def _wrong_type(d: Declared) -> list[Case]:
     out = []
     for r in _bodied(d):
         wrong = "text/plain" if r.route != PLAIN else "application/x-unknown"
-        out.append(Case(r.route, _send(r, headers={**r.headers, "Content-Type": wrong}),
+        out.append(Case(r.label, _send(r, headers={**r.headers, "Content-Type": wrong}),
                         frozenset({400, 415})))
     return out
 
