@@ -83,6 +83,19 @@ def upstream_config(cache_dir: Path, keys: dict[str, str]) -> str:
               'options = { base_ms = 0.0 }\n')
 
 
+EXTRA = """[[pipelines]]
+name = "qa"
+inputs = ["question"]
+[[pipelines.steps]]
+name = "answer"
+kind = "model"
+model = "smollm2"
+inputs = { prompt = "input.question" }
+options = { max_tokens = 4 }
+"""
+"""Beside the declared models: a generating pipeline whose step caps its tokens."""
+
+
 def _install_plugin(tmp: Path) -> Path:
     src = tmp / "plugin-src"
     shutil.copytree(ROOT / "tests" / "plugin_kind", src,
@@ -110,7 +123,7 @@ def server() -> Iterator[Server]:
         main, url = start(
             f'cache_dir = "{CACHE_DIR}"\nbuiltin_pipelines = false\n'
             f'max_request_bytes = {declared.SERVER_BYTES}\n'
-            f'[jobs]\npath = "{tmp / "jobs.sqlite"}"\n{_keys()}{models}', tmp, "hostile", env)
+            f'[jobs]\npath = "{tmp / "jobs.sqlite"}"\n{_keys()}{models}{EXTRA}', tmp, "hostile", env)
         try:
             wait_ready(up, f"{up_url}/v2/health/ready", timeout_s=120)
             wait_ready(main, f"{url}/v2/health/ready", timeout_s=240)
