@@ -123,7 +123,8 @@ def server() -> Iterator[Server]:
         main, url = start(
             f'cache_dir = "{CACHE_DIR}"\nbuiltin_pipelines = false\n'
             f'max_request_bytes = {declared.SERVER_BYTES}\n'
-            f'[jobs]\npath = "{tmp / "jobs.sqlite"}"\n{_keys()}{models}{EXTRA}', tmp, "hostile", env)
+            f'[jobs]\npath = "{tmp / "jobs.sqlite"}"\n{_keys()}{models}{EXTRA}',
+            tmp, "hostile", env)
         try:
             wait_ready(up, f"{up_url}/v2/health/ready", timeout_s=120)
             wait_ready(main, f"{url}/v2/health/ready", timeout_s=240)

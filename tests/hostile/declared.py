@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import orjson
@@ -83,7 +84,7 @@ class Declared:
         return next((r for r in self.requests if r.route == route), None)
 
 
-def v2_texts(model: str, texts: list[str], name: str = "text", **extra: object) -> Request:
+def v2_texts(model: str, texts: list[str], name: str = "text", **extra: Any) -> Request:
     return Request(V2_JSON, f"/v2/models/{model}/infer",
                    bodies.v2_json(name, "BYTES", list(texts), **extra))
 
@@ -142,7 +143,8 @@ TEXTS = ["the hostile suite's normal request", "and a second text"]
 
 DECLARED: dict[str, Declared] = {d.runtime: d for d in (
     Declared(
-        runtime="onnx", model="minilm", config='[[models]]\nname = "minilm"\nruntime = "onnx"\nmax_batch_size = 8\n',
+        runtime="onnx", model="minilm",
+        config='[[models]]\nname = "minilm"\nruntime = "onnx"\nmax_batch_size = 8\n',
         inputs=frozenset({TEXT}),
         requests=(v2_texts("minilm", TEXTS), v2_binary_texts("minilm", TEXTS),
                   embeddings("minilm", TEXTS)),
@@ -214,7 +216,8 @@ DECLARED: dict[str, Declared] = {d.runtime: d for d in (
         exceed=text_exceed("route")),
     Declared(
         runtime="pipeline", model="profile",
-        config='[[pipelines]]\nname = "profile"\ninputs = ["user"]\noptional_inputs = []\nchat_input = "user"\n'
+        config='[[pipelines]]\nname = "profile"\ninputs = ["user"]\noptional_inputs = []\n'
+               'chat_input = "user"\n'
                '[[pipelines.steps]]\nname = "features"\nkind = "features"\n'
                'inputs = { entity_id = "input.user" }\n'
                'options = { entity = "user", features = ["plan"] }\n',

@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import tomllib
 
+import pytest
 import requests
 
 from sokuji.repository import registry
 from tests.conftest import ROOT
 from tests.hostile import declared
 from tests.hostile.conftest import Server, auth
+
+pytestmark = pytest.mark.integration
 
 
 def registered() -> set[str]:

@@ -10,6 +10,8 @@ import requests
 from tests.hostile import declared
 from tests.hostile.conftest import Server, post
 
+pytestmark = pytest.mark.integration
+
 STOPS = "issue 25: LLM stop/limits"
 
 

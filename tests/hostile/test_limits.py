@@ -13,6 +13,8 @@ import requests
 from tests.hostile import declared
 from tests.hostile.conftest import Server, auth, post
 
+pytestmark = pytest.mark.integration
+
 
 def stated(server: Server, model: str) -> dict[str, float]:
     """The model's limits as its config shows them: key -> value."""

@@ -13,6 +13,8 @@ import requests
 from tests.hostile import declared, mutations
 from tests.hostile.conftest import Server, auth, post
 
+pytestmark = pytest.mark.integration
+
 
 def _params() -> list[Any]:
     out = []

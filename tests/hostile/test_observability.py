@@ -13,6 +13,8 @@ import requests
 from tests.hostile import declared
 from tests.hostile.conftest import Server, auth, post
 
+pytestmark = pytest.mark.integration
+
 CLOSED = "issue 25: observability closed by default"
 
 

@@ -14,6 +14,8 @@ import pytest
 from tests.hostile import declared, wire
 from tests.hostile.conftest import Server, auth, post
 
+pytestmark = pytest.mark.integration
+
 HELD_WAIT_S = 8.0
 """How long a held body or a trickling stream is kept up: the server must have ended it by
 then (the suite's server must set its body and stream timeouts below this)."""
@@ -29,7 +31,7 @@ def test_a_held_body_is_answered_408_in_every_kind(server: Server) -> None:
     with concurrent.futures.ThreadPoolExecutor(len(held)) as pool:
         answers = dict(zip(held, pool.map(
             lambda r: wire.held(server.url, r.path, {**r.headers, **auth("t1")}, r.body,
-                                HELD_WAIT_S), held.values())))
+                                HELD_WAIT_S), held.values()), strict=True))
     assert server.alive()
     late = {k: a.status for k, a in answers.items() if a.status != 408 or not a.reason()}
     assert not late, f"not answered 408 within {HELD_WAIT_S} s: {late}"
@@ -47,7 +49,7 @@ def test_a_trickling_stream_is_ended_by_the_server(server: Server) -> None:
     with concurrent.futures.ThreadPoolExecutor(len(streams)) as pool:
         answers = dict(zip(streams, pool.map(
             lambda r: wire.trickle(server.url, r.path, {**r.headers, **auth("t1")},
-                                   r.body[:1000], HELD_WAIT_S), streams.values())))
+                                   r.body[:1000], HELD_WAIT_S), streams.values()), strict=True))
     assert server.alive()
     kept = {k: round(a.seconds, 1) for k, a in answers.items() if a.seconds >= HELD_WAIT_S - 0.5}
     assert not kept, f"streams still open after {HELD_WAIT_S} s: {kept}"

@@ -16,6 +16,8 @@ import requests
 from tests.hostile import declared
 from tests.hostile.conftest import KEYS, Server, auth, post
 
+pytestmark = pytest.mark.integration
+
 OTHERS = ("t2", "t1:corp")
 """The tenants that probe ``t1``'s entries."""
 

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from sokuji.config import ModelConfig
+from sokuji.core.limits import Limit
 from sokuji.core.model import (
     NOTHING,
     Api,
@@ -33,7 +34,6 @@ from sokuji.core.model import (
     RequestContext,
     TensorSpec,
 )
-from sokuji.core.limits import Limit
 from sokuji.core.policy import Admission, check_deadline
 from sokuji.core.request import Stage
 from sokuji.core.tensor import InferRequest, Tensor
