@@ -57,6 +57,13 @@ class Server:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
+    def peak_rss(self) -> int:
+        """The server process's peak resident memory so far, in bytes (Linux's VmHWM)."""
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+        raise AssertionError("no VmHWM")
+
 
 def _keys() -> str:
     return "".join(f'[[api_keys]]\nkey = "{key}"\ntenant = "{tenant}"\n'

@@ -1,7 +1,8 @@
 """The hostile matrix: every declared kind (``declared.py``) x every mutation that applies to
 its inputs and routes (``mutations.py``), against the suite's one real server. Each case:
 no 5xx; a 4xx with a reason (naming the limit where the case passes one); the status the
-mutation expects; the server still alive and answering the kind's normal request."""
+mutation expects; the server's peak memory not grown past a quarter above its peak before the
+case; the server still alive and answering the kind's normal request."""
 
 from __future__ import annotations
 
@@ -46,8 +47,11 @@ def test_hostile_input(server: Server, d: declared.Declared, case: mutations.Cas
         # Without the media limits these strips kill the server (finding 1): not sent.
         assert declares_pixel_limits(server, d.model), \
             f"{d.model} declares no pixel limit: a strip would exhaust the server's memory"
+    before = server.peak_rss()
     answer = case.send(server.url, auth("t1"))
     assert server.alive(), "the server died"
+    # The case's memory against the server's own peak before it (models, caches, warm-up).
+    assert server.peak_rss() <= 1.25 * before, (before, server.peak_rss())
     if answer.status is None:
         assert case.or_closed, f"no answer at all ({answer.seconds:.1f} s)"
     else:
