@@ -47,6 +47,7 @@ def test_hostile_input(server: Server, d: declared.Declared, case: mutations.Cas
         # Without the media limits these strips kill the server (finding 1): not sent.
         assert declares_pixel_limits(server, d.model), \
             f"{d.model} declares no pixel limit: a strip would exhaust the server's memory"
+    assert post(server, d.normal).status_code == 200  # the kind's own work done once
     before = server.peak_rss()
     answer = case.send(server.url, auth("t1"))
     assert server.alive(), "the server died"
