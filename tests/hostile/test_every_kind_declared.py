@@ -25,11 +25,20 @@ def registered() -> set[str]:
     return {*registry.names(), *shipped}
 
 
+def undeclared(kinds: set[str]) -> list[str]:
+    return sorted(kinds - set(declared.DECLARED))
+
+
 def test_every_registered_kind_declares_its_inputs() -> None:
-    missing = sorted(registered() - set(declared.DECLARED))
+    missing = undeclared(registered())
     assert not missing, (f"kinds without a hostile-suite declaration: {', '.join(missing)}: "
                          "add a Declared for each to tests/hostile/declared.py "
                          "(docs/adding-a-kind.md, 'The hostile-input suite')")
+
+
+def test_a_new_kind_without_a_declaration_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(registry.BUILTIN, "newkind", "somewhere.kind:KIND")
+    assert undeclared(registered()) == ["newkind"]
 
 
 def test_each_declaration_is_well_formed() -> None:
