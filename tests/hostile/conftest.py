@@ -26,7 +26,8 @@ from tests.integration.serving import free_port, wait_ready
 KEYS = {"t1": "hostile-t1-key-0001", "t2": "hostile-t2-key-0002",
         "ops": "hostile-ops-key-0003", "anonymous": "hostile-anon-key-0004",
         "t1:corp": "hostile-corp-key-0005"}
-"""Tenant -> its API key (``ops`` is the admin)."""
+"""Tenant -> its API key (``ops`` is the admin). ``t2`` and ``t1:corp`` send only in
+``test_tenants.py``, as the probes of ``t1``'s entries: their own caches hold nothing else."""
 UPSTREAM_KEYS = {tenant: f"hostile-up-{i}-key-0123" for i, tenant in enumerate(KEYS)}
 """Tenant -> its own key on the upstream server (tenant ``up-<tenant>`` there)."""
 

@@ -8,7 +8,7 @@ import pytest
 import requests
 
 from tests.hostile import declared
-from tests.hostile.conftest import Server, post
+from tests.hostile.conftest import Server, auth, post
 
 pytestmark = pytest.mark.integration
 
@@ -40,5 +40,5 @@ def test_a_pipeline_steps_max_tokens_is_a_ceiling(server: Server) -> None:
 def test_a_generation_is_answered_after_the_hostile_ones(server: Server) -> None:
     r = requests.post(server.url + "/v1/chat/completions", timeout=60,
                       data=declared.chat("smollm2", "Say hi.").body,
-                      headers={**declared.JSON, "Authorization": "Bearer hostile-t2-key-0002"})
+                      headers={**declared.JSON, **auth("ops")})
     assert r.status_code == 200, r.text
