@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from sokuji import config as cfg
 from tests.conftest import CACHE_DIR, ROOT
 from tests.hostile import declared
 from tests.integration.serving import free_port, wait_ready
@@ -83,6 +84,24 @@ def start(body: str, tmp: Path, name: str, env: dict[str, str]) -> tuple[
     return proc, f"http://127.0.0.1:{port}"
 
 
+SLOW_S = 3
+"""The body and stream timeouts of the suite's server, well inside ``test_slow``'s wait."""
+
+
+def _timeouts() -> str:
+    """The body read timeouts, where this tree's config has them (issue 25's fix)."""
+    have = cfg.ServerConfig.__struct_fields__
+    return "".join(f"{key} = {SLOW_S}\n" for key in ("body_timeout_s", "body_idle_timeout_s")
+                   if key in have)
+
+
+def _streams() -> str:
+    """The stream timeouts, where this tree's config has them (issue 25's fix)."""
+    if "streams" not in cfg.ServerConfig.__struct_fields__:
+        return ""
+    return f"[streams]\nidle_timeout_s = {SLOW_S}\ntotal_timeout_s = {SLOW_S}\n"
+
+
 def upstream_config(cache_dir: Path, keys: dict[str, str]) -> str:
     """The upstream server: a synthetic encoder ``enc`` behind ``keys`` (tenant -> key)."""
     return (f'cache_dir = "{cache_dir}"\nbuiltin_pipelines = false\n'
@@ -138,8 +157,8 @@ def server() -> Iterator[Server]:
                          for d in declared.DECLARED.values())
         main, url = start(
             f'cache_dir = "{CACHE_DIR}"\nbuiltin_pipelines = false\n'
-            f'max_request_bytes = {declared.SERVER_BYTES}\n'
-            f'[jobs]\npath = "{tmp / "jobs.sqlite"}"\n{_keys()}{models}{EXTRA}',
+            f'max_request_bytes = {declared.SERVER_BYTES}\n{_timeouts()}'
+            f'[jobs]\npath = "{tmp / "jobs.sqlite"}"\n{_streams()}{_keys()}{models}{EXTRA}',
             tmp, "hostile", env)
         try:
             wait_ready(up, f"{up_url}/v2/health/ready", timeout_s=120)

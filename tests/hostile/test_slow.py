@@ -18,7 +18,7 @@ pytestmark = pytest.mark.integration
 
 HELD_WAIT_S = 8.0
 """How long a held body or a trickling stream is kept up: the server must have ended it by
-then (the suite's server must set its body and stream timeouts below this)."""
+then (the suite's server sets its body and stream timeouts to ``conftest.SLOW_S``)."""
 
 
 def _held(d: declared.Declared) -> declared.Request | None:
