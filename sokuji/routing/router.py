@@ -31,6 +31,7 @@ from typing import Any
 
 from sokuji.config import ModelConfig
 from sokuji.core import text_tensors
+from sokuji.core.limits import Limit
 from sokuji.core.model import (
     Api,
     Capacity,
@@ -91,6 +92,9 @@ class RouterModel(ModelBase):
         """Its targets generate: a request is a ``GenerationInput``, its handle a stream."""
         self.metadata: ModelMetadata = first.metadata
         self._check_targets(at)
+        self.limits = route_limits(config, [t.model for t in self.targets.values()],
+                                   batches_texts=not self.generates)
+        self._items = next((x for x in self.limits if x.key == "max_batch_size"), None)
         self.primaries = self._primaries()
         """Targets a request may be sent to first (admission checks them)."""
 
@@ -149,6 +153,9 @@ class RouterModel(ModelBase):
                              retry_after_s=1)
 
     def from_tensors(self, request: InferRequest) -> list[str]:
+        tensor = request.inputs.get(self.metadata.inputs[0].name)
+        if tensor is not None and self._items is not None:
+            self._items.check(len(tensor.data), f"input '{self.metadata.inputs[0].name}'")
         return text_tensors.texts(request, self.metadata, self.config.max_batch_size)
 
     def to_tensors(self, result: Any, report: Report) -> list[Tensor]:
@@ -271,6 +278,34 @@ class RouterModel(ModelBase):
             if self.threshold is None:
                 raise ConfigError(f"Config '{at}.options.threshold': missing",
                                   param=f"{at}.options.threshold")
+
+
+def route_limits(config: ModelConfig, targets: list[Any],
+                 batches_texts: bool) -> tuple[Limit, ...]:
+    """A router's cost bound: each of its targets' limits at the largest value any target
+    allows (what a request may cost wherever it goes: the chosen target checks its own),
+    and no more than the router's own bounds: its body (``max_request_bytes``, when it sets
+    one) and, for texts, ``max_batch_size`` (the router refuses more before routing)."""
+    merged: dict[str, Limit] = {}
+    for target in targets:
+        for limit in target.limits:
+            held = merged.get(limit.key)
+            if held is None or limit.value > held.value:
+                merged[limit.key] = limit
+    own: dict[str, int] = {}
+    if config.max_request_bytes is not None:
+        own["max_request_bytes"] = config.max_request_bytes
+    if batches_texts:
+        own["max_batch_size"] = config.max_batch_size
+    for key, value in own.items():
+        held = merged.get(key)
+        if held is None:
+            merged[key] = Limit(key, value, "bytes" if key == "max_request_bytes" else "items",
+                                "bytes of one request's body" if key == "max_request_bytes"
+                                else "texts in one request")
+        elif value < held.value:
+            merged[key] = Limit(key, value, held.unit, held.what)
+    return tuple(merged.values())
 
 
 def _matches(rule: Rule, prepared: PreparedRoute, ctx: RequestContext) -> bool:

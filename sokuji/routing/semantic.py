@@ -253,6 +253,7 @@ class SemanticModel(ModelBase):
         self.batches = inner.batches
         self.generates = Api.GENERATE in inner.apis
         self.metadata: ModelMetadata = inner.metadata
+        self.limits = inner.limits  # a hit costs less; a miss is the inner model's work
 
     @property
     def name(self) -> str:

@@ -122,7 +122,8 @@ BAD_V2: list[tuple[str, dict[str, Any], int, str]] = [
     ("empty batch", {"inputs": [
         {"name": "text", "datatype": "BYTES", "shape": [0], "data": []}]},
      400, "is empty"),
-    ("too many items", v2_body(["a"] * 9), 400, "has 9 items; this model takes at most 8"),
+    ("too many items", v2_body(["a"] * 9), 413,
+     "input 'text' needs 9 items (texts in one request); the limit is max_batch_size = 8"),
     ("unknown output", {**v2_body(["a"]), "outputs": [{"name": "logits"}]},
      400, "unknown output 'logits'"),
     ("id not a string", {**v2_body(["a"]), "id": 5}, 400, "'id' must be a string"),

@@ -11,7 +11,7 @@ import msgspec
 from sokuji.config import ModelConfig, ServerConfig
 from sokuji.core.model import Api
 from sokuji.errors import ConfigError
-from sokuji.kinds.encoder.model import EncoderModel
+from sokuji.kinds.encoder.model import EncoderModel, text_limits
 from sokuji.kinds.kind import BuildEnv, Built, Kind
 from sokuji.runtimes.classifier import (
     BUILTIN_PROTOTYPES,
@@ -67,9 +67,13 @@ class ClassifierKind(Kind):
         runtime.load()
         if model.warmup:
             runtime.warmup()
+        assert runtime.encoder is not None
+        limits = text_limits(model, env.server.max_request_bytes,
+                             runtime.encoder.max_sequence_length)
         # Scores, not embeddings: V2 infer only.
         return Built(EncoderModel.over(runtime, model, env.server.slos, model.name,
-                                       env.on_batch, apis=frozenset({Api.INFER})))
+                                       env.on_batch, apis=frozenset({Api.INFER}),
+                                       limits=limits))
 
 
 KIND = ClassifierKind()

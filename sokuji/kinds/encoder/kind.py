@@ -11,7 +11,7 @@ from typing import Any
 from sokuji.config import DEFAULT_MODEL_NAME, ModelConfig, ServerConfig
 from sokuji.errors import ConfigError
 from sokuji.kinds.encoder import variants
-from sokuji.kinds.encoder.model import EncoderModel
+from sokuji.kinds.encoder.model import EncoderModel, text_limits
 from sokuji.kinds.kind import BuildEnv, Built, Kind
 
 log = logging.getLogger(__name__)
@@ -37,8 +37,10 @@ class EncoderKind(Kind):
             if model.warmup:
                 runtime.warmup()
             metric_name = model.name if name == served else f"{model.name}@{name}"
+            limits = text_limits(model, env.server.max_request_bytes,
+                                 runtime.max_sequence_length)
             loaded[name] = EncoderModel.over(runtime, model, env.server.slos, metric_name,
-                                             env.on_batch)
+                                             env.on_batch, limits=limits)
             log.info("model %s loaded (onnx, variant %s%s)", model.name, name,
                      "" if name == served else ", as a version")
         primary = loaded.pop(served)

@@ -4,6 +4,9 @@ ONNX, synthetic) and its dynamic batcher.
 - ``from_tensors`` / ``to_tensors`` (V2): its one BYTES input as UTF-8 texts, its rows as
   its one output (``core/text_tensors.py``); the texts identify an answer in the response
   cache, for V2 and OpenAI embeddings alike.
+- ``limits``: the request body's bytes, texts per request (``max_batch_size``) and, for a
+  runtime that reads tokens, the tokens of one text it reads (a longer text is cut there, so
+  no text costs more). Texts past ``max_batch_size`` are refused (413) before tokenising.
 - ``prepare(texts, ctx)``: the runtime's ``preprocess`` (tokenise) -> ``Prepared`` with the
   lengths the batcher groups by; on the event loop up to ``INLINE_MAX_CHARS``, beyond in the
   ``sokuji-prep`` pool (``core/offload.py``).
@@ -20,10 +23,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import fields
 from typing import Any
 
-from sokuji.config import ModelConfig
+from sokuji.config import ModelConfig, ServerConfig
 from sokuji.config_ops import SloConfig, budgets_for
 from sokuji.core import offload, text_tensors
 from sokuji.core.batcher import BatcherConfig, BatchInfo, DynamicBatcher
+from sokuji.core.limits import Limit
 from sokuji.core.model import (
     Api,
     Capacity,
@@ -48,6 +52,25 @@ up other requests. Each text's own cost is bounded by the runtime, which reads a
 as far as its model does (``runtimes/onnx.py``)."""
 
 
+DEFAULT_REQUEST_BYTES = ServerConfig().max_request_bytes
+"""The server's body limit when nobody says (a model built without ``limits``: tests)."""
+
+
+def text_limits(config: ModelConfig, request_bytes: int,
+                read_tokens: int | None = None) -> tuple[Limit, ...]:
+    """The cost bound of a model of texts: ``request_bytes`` is the server's body limit
+    (a model's own ``max_request_bytes`` takes its place); ``read_tokens`` the most tokens
+    of one text its runtime reads (None: it reads no tokens)."""
+    limits = [Limit("max_request_bytes", config.max_request_bytes or request_bytes, "bytes",
+                    "bytes of one request's body"),
+              Limit("max_batch_size", config.max_batch_size, "items",
+                    "texts in one request")]
+    if read_tokens is not None:
+        limits.append(Limit("max_sequence_length", read_tokens, "tokens",
+                            "tokens of one text the model reads (a longer text is cut there)"))
+    return tuple(limits)
+
+
 def batcher_config(mc: ModelConfig, tenant_slos: Iterable[SloConfig] = ()) -> BatcherConfig:
     """The batcher's share of ``mc``: every field but ``policy`` (``batching`` there) and
     ``worker_nice`` is named as in ``ModelConfig``; ``slo`` from its own and its tenants'
@@ -61,24 +84,27 @@ class EncoderModel(ModelBase):
     batches = True
 
     def __init__(self, config: ModelConfig, runtime: Runtime, batcher: DynamicBatcher,
-                 apis: frozenset[Api] = EMBEDS) -> None:
+                 apis: frozenset[Api] = EMBEDS, limits: tuple[Limit, ...] = ()) -> None:
         self.config = config
         self.runtime = runtime
         self.batcher = batcher
         self.apis = apis
         self.metadata: ModelMetadata = runtime.describe()
+        self.limits = limits or text_limits(config, DEFAULT_REQUEST_BYTES)
+        self._items = next(x for x in self.limits if x.key == "max_batch_size")
 
     @classmethod
     def over(cls, runtime: Runtime, config: ModelConfig, tenant_slos: Iterable[SloConfig],
              metric_name: str,
              on_batch: Callable[[str], Callable[[BatchInfo], None]] | None = None,
-             apis: frozenset[Api] = EMBEDS) -> EncoderModel:
+             apis: frozenset[Api] = EMBEDS, limits: tuple[Limit, ...] = ()) -> EncoderModel:
         """A loaded ``runtime`` under a batcher of its own, named ``metric_name`` (a variant:
-        ``name@variant``) in metrics and statistics."""
+        ``name@variant``) in metrics and statistics; ``limits`` its cost bound
+        (``text_limits``)."""
         batcher = DynamicBatcher(metric_name, runtime.run_batch,
                                  batcher_config(config, tenant_slos),
                                  on_batch=on_batch(metric_name) if on_batch else None)
-        return cls(config, runtime, batcher, apis)
+        return cls(config, runtime, batcher, apis, limits)
 
     @property
     def name(self) -> str:
@@ -102,6 +128,7 @@ class EncoderModel(ModelBase):
         self.batcher.check_capacity()
 
     async def prepare(self, inputs: list[str], ctx: RequestContext) -> Prepared:
+        self._items.check(len(inputs), "the request's texts")
         if sum(map(len, inputs)) > INLINE_MAX_CHARS:
             return await offload.run(self.runtime.preprocess, inputs)
         return self.runtime.preprocess(inputs)
@@ -115,6 +142,9 @@ class EncoderModel(ModelBase):
             num_tokens=prepared.num_tokens))
 
     def from_tensors(self, request: InferRequest) -> list[str]:
+        tensor = request.inputs.get(self.metadata.inputs[0].name)
+        if tensor is not None:
+            self._items.check(len(tensor.data), f"input '{self.metadata.inputs[0].name}'")
         return text_tensors.texts(request, self.metadata, self.config.max_batch_size)
 
     def to_tensors(self, result: Any, report: Report) -> list[Tensor]:

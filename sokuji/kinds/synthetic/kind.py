@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from sokuji.config import ModelConfig, ServerConfig
 from sokuji.errors import ConfigError
-from sokuji.kinds.encoder.model import EncoderModel
+from sokuji.kinds.encoder.model import EncoderModel, text_limits
 from sokuji.kinds.kind import BuildEnv, Built, Kind
 from sokuji.runtimes.synthetic import SyntheticOptions, SyntheticRuntime
 
@@ -27,8 +27,10 @@ class SyntheticKind(Kind):
         runtime.load()
         if model.warmup:
             runtime.warmup()
+        # Its cost is base_ms + per_item_ms per text: bytes and texts bound it.
         return Built(EncoderModel.over(runtime, model, env.server.slos, model.name,
-                                       env.on_batch))
+                                       env.on_batch,
+                                       limits=text_limits(model, env.server.max_request_bytes)))
 
 
 KIND = SyntheticKind()

@@ -8,6 +8,7 @@ from typing import Annotated
 import msgspec
 
 from sokuji.config import ModelConfig, ServerConfig
+from sokuji.core.limits import Limit
 from sokuji.errors import ConfigError
 from sokuji.kinds.kind import BuildEnv, Built, Kind
 from sokuji_echo_kind.model import EchoModel
@@ -21,6 +22,9 @@ class EchoOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """The answer is the input times this."""
     delay_ms: Annotated[float, msgspec.Meta(ge=0)] = 0.0
     """How long each request takes (on the event loop: an ``asyncio.sleep``)."""
+    max_elements: Annotated[int, msgspec.Meta(ge=1)] = 1 << 20
+    """The most elements of ``x`` one request may send (its cost bound, beside the body's
+    bytes): more are refused (413) before the product is computed."""
 
 
 class EchoKind(Kind):
@@ -36,7 +40,12 @@ class EchoKind(Kind):
                                       "would time out")
 
     def build(self, model: ModelConfig, options: EchoOptions, env: BuildEnv) -> Built:
-        return Built(EchoModel(model, options.scale, options.delay_ms))
+        limits = (Limit("max_request_bytes",
+                        model.max_request_bytes or env.server.max_request_bytes, "bytes",
+                        "bytes of one request's body"),
+                  Limit("options.max_elements", options.max_elements, "elements",
+                        "elements of input x in one request"))
+        return Built(EchoModel(model, options.scale, options.delay_ms, limits))
 
 
 KIND = EchoKind()

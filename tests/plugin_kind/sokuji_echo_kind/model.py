@@ -3,6 +3,8 @@
 
 - ``from_tensors``: the decoded V2 request (its shape and datatype already checked against
   ``metadata`` by Sokuji's codec) as what ``prepare`` takes: the input's numpy array.
+- ``limits``: its cost bound (``sokuji/core/limits.py``): the body's bytes and the elements
+  of ``x``, the latter checked in ``from_tensors`` before anything is computed (413).
 - ``prepare``: what only the model can judge (every element finite: ``InvalidInput``).
 - ``submit``: admission (``max_queue_depth``, ``max_concurrency``: 429) and the deadline
   (504), then a handle whose ``result()`` waits ``delay_ms`` and answers.
@@ -21,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from sokuji.config import ModelConfig
+from sokuji.core.limits import Limit
 from sokuji.core.model import (
     NOTHING,
     Api,
@@ -45,8 +48,10 @@ class EchoModel(ModelBase):
     apis = frozenset({Api.INFER})
     metadata = METADATA
 
-    def __init__(self, config: ModelConfig, scale: float, delay_ms: float) -> None:
+    def __init__(self, config: ModelConfig, scale: float, delay_ms: float,
+                 limits: tuple[Limit, ...] = ()) -> None:
         self.config = config
+        self.limits = limits
         self.scale = np.float32(scale)
         self.delay_s = delay_ms / 1e3
         self.admission = Admission(config.name, config.max_queue_depth, config.max_concurrency)
@@ -74,7 +79,11 @@ class EchoModel(ModelBase):
 
     # -- Api.INFER ----------------------------------------------------------------------------
     def from_tensors(self, request: InferRequest) -> np.ndarray:
-        return request.inputs["x"].data
+        x = request.inputs["x"].data
+        for limit in self.limits:
+            if limit.unit == "elements":
+                limit.check(x.size, "input 'x'")
+        return x
 
     def identity(self, inputs: np.ndarray) -> list[str]:
         return [hashlib.sha256(inputs.tobytes()).hexdigest()]
