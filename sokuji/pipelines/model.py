@@ -36,6 +36,7 @@ import orjson
 
 from sokuji.core import timing
 from sokuji.core.events import Event, EventStream, Finish
+from sokuji.core.limits import Limit
 from sokuji.core.model import (
     Api,
     Capacity,
@@ -60,6 +61,9 @@ MAX_INPUT_CHARS = 64 * 1024
 """The most characters one string input may have (the steps' own limits apply too)."""
 MAX_ELEMENTS = 1024
 """The most elements one V2 input may have."""
+CHARS = Limit("characters", MAX_INPUT_CHARS, "characters",
+              "characters of one input (a list's summed); each step's model bounds its own")
+ELEMENTS = Limit("elements", MAX_ELEMENTS, "elements", "elements of one V2 input")
 STEPS_HEADER = "x-sokuji-pipeline-steps"
 
 
@@ -97,6 +101,10 @@ class PipelineModel(ModelBase):
         self.on_done: Callable[[Run], None] | None = None
         """Called (soon, on the loop) with each request's run once its steps are done:
         the metrics."""
+        self.limits = (ELEMENTS, CHARS, Limit(
+            "steps", len(graph.nodes), "steps", "steps one request runs (each at most once)"))
+        """Its cost bound: what one input may hold, and its steps; each step's model states
+        and checks its own (a generation's tokens, an encoder's texts)."""
         outputs = [TensorSpec(graph.nodes[graph.output].name, "BYTES", (-1,))]
         outputs += [TensorSpec(graph.nodes[i].name, "BYTES", (-1,)) for i in graph.extra]
         self.metadata = ModelMetadata(
@@ -144,9 +152,7 @@ class PipelineModel(ModelBase):
             if tensor.binary:
                 raise BadRequest("pipelines take JSON tensors only, not the binary extension")
             data = tensor.data if tensor.datatype == BYTES else tensor.data.reshape(-1).tolist()
-            if len(data) > MAX_ELEMENTS:
-                raise InvalidInput(f"input '{name}' has more than {MAX_ELEMENTS} elements",
-                                   param=name)
+            ELEMENTS.check(len(data), f"input '{name}'")
             out[name] = data[0] if len(data) == 1 else data
         return out
 
@@ -228,14 +234,11 @@ class PipelineModel(ModelBase):
 
 def _check_value(name: str, value: Any) -> None:
     if isinstance(value, str):
-        if len(value) > MAX_INPUT_CHARS:
-            raise InvalidInput(f"input '{name}' has {len(value)} characters; at most "
-                               f"{MAX_INPUT_CHARS}", param=name)
+        CHARS.check(len(value), f"input '{name}'")
         return
     if isinstance(value, list) and all(isinstance(v, str | dict) for v in value):
-        if sum(len(v) if isinstance(v, str) else len(str(v)) for v in value) > MAX_INPUT_CHARS:
-            raise InvalidInput(f"input '{name}' is longer than {MAX_INPUT_CHARS} characters",
-                               param=name)
+        CHARS.check(sum(len(v) if isinstance(v, str) else len(str(v)) for v in value),
+                    f"input '{name}'")
         return
     if isinstance(value, dict | int | float | bool):
         return

@@ -257,10 +257,13 @@ class UpstreamClient:
         return budget
 
     def headers(self, ctx: RequestContext, budget_s: float) -> dict[str, str]:
+        """The upstream call's headers. Only the server chooses their names; of what a
+        client sent, only its request id (when it can be a header value) and the deadline
+        and priority the server settled travel."""
         out = {"content-type": "application/json",
                "x-sokuji-timeout-ms": f"{max(budget_s * 1e3, 0.001):.3f}",
                "x-sokuji-priority": ctx.priority.name.lower(),
-               "x-request-id": ctx.request_id or uuid.uuid4().hex}
+               "x-request-id": header_safe_id(ctx.request_id)}
         if valid_traceparent(ctx.traceparent):  # (traced: ``post`` puts our span's)
             out["traceparent"] = ctx.traceparent
         key = self.key_of(ctx.tenant)
@@ -408,3 +411,16 @@ class UpstreamClient:
             self.cut_short(tried, exc)
             raise
         return data, resp.headers
+
+
+_ID_MAX = 128
+
+
+def header_safe_id(request_id: str) -> str:
+    """The request id to send upstream as ``x-request-id``: the client's when it is visible
+    ASCII of at most 128 characters (what a header value may carry), else a fresh one. (A V2
+    body's ``id`` is any JSON string: a control character in it must not reach a header.)"""
+    if request_id and len(request_id) <= _ID_MAX and request_id.isascii() \
+            and request_id.isprintable():
+        return request_id
+    return uuid.uuid4().hex

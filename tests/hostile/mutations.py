@@ -236,7 +236,6 @@ def _takes(*kinds: str) -> Callable[[Declared], bool]:
     return lambda d: bool(d.inputs & set(kinds))
 
 
-MEDIA_LIMITS = "issue 25: media/OCR/VAD limits"
 MUTATIONS = (
     Mutation("oversized", lambda d: bool(_bodied(d)), _oversized),
     Mutation("lying-length", lambda d: bool(_bodied(d)), _lying_length),
@@ -251,17 +250,6 @@ MUTATIONS = (
 )
 """Every mutation of the matrix."""
 
-XFAIL_CASES = {("image", "ocr", "wide-2000x1-v2"): MEDIA_LIMITS,
-               ("image", "ocr", "wide-2000x1-upload"): MEDIA_LIMITS,
-               ("image", "ocr", "tall-1x2000-v2"): MEDIA_LIMITS,
-               ("image", "ocr", "tall-1x2000-upload"): MEDIA_LIMITS,
-               ("wav", "vad", "rate-0-v2"): MEDIA_LIMITS,
-               ("wav", "vad", "rate-0-upload"): MEDIA_LIMITS,
-               ("separator-ids", "upstream", "v2-request-id"):
-                   "issue 25: shared-upstream leak and LLM stop/limits (upstream pass-through: "
-                   "a request id with a control character reaches an upstream header: 500, "
-                   "new in this suite)"}
-"""(mutation, runtime, case) -> the fix of issue 25 without which today's code fails it."""
 DANGEROUS = {"wide-2000x1", "tall-1x2000"}
 """Cases that, without the fix, would take the server down (finding 1: one 80-byte strip
 grew it to 23.7 GB): sent only once the model declares its pixel limits."""

@@ -15,7 +15,6 @@ pytestmark = pytest.mark.integration
 STOPS = "issue 25: LLM stop/limits"
 
 
-@pytest.mark.xfail(strict=True, reason=STOPS)
 def test_stop_strings_past_their_bound_are_refused_naming_stop(server: Server) -> None:
     request = declared.chat("smollm2", "Say hi.", stop=["x" * 50_000] * 4)
     r = post(server, request)
@@ -24,7 +23,6 @@ def test_stop_strings_past_their_bound_are_refused_naming_stop(server: Server) -
     assert error["param"] == "stop" or "stop" in error["message"], error
 
 
-@pytest.mark.xfail(strict=True, reason=STOPS + " (a step's max_tokens a ceiling)")
 def test_a_pipeline_steps_max_tokens_is_a_ceiling(server: Server) -> None:
     request = declared.Request(declared.OPENAI, "/v1/chat/completions", orjson.dumps({
         "model": "qa", "messages": [{"role": "user", "content": "Count to twenty."}],

@@ -25,9 +25,7 @@ def stated(server: Server, model: str) -> dict[str, float]:
 
 
 def _every_kind() -> list[Any]:
-    return [pytest.param(d, id=d.runtime, marks=[pytest.mark.xfail(
-        strict=True, reason=f"issue 25: {d.limits_by}")] if d.limits_by else [])
-        for d in declared.DECLARED.values()]
+    return [pytest.param(d, id=d.runtime) for d in declared.DECLARED.values()]
 
 
 @pytest.mark.parametrize("d", _every_kind())
@@ -55,5 +53,8 @@ def test_a_request_just_past_a_limit_is_refused_naming_it(server: Server, d: dec
     assert (f"{value:g}" if key == "max_request_bytes" else key) in str(reason), reason
     if key != "max_request_bytes":  # (a body of exactly the limit is no request of this kind)
         at = post(server, d.exceed[key](value - 1))
-        assert at.status_code == 200, at.text
+        if key in d.at_limit_refused_by_steps:
+            assert at.status_code != 413, at.text
+        else:
+            assert at.status_code == 200, at.text
     assert post(server, d.normal).status_code == 200

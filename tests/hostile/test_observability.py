@@ -18,7 +18,6 @@ pytestmark = pytest.mark.integration
 CLOSED = "issue 25: observability closed by default"
 
 
-@pytest.mark.xfail(strict=True, reason=CLOSED)
 @pytest.mark.parametrize("path", ["/metrics", "/dashboard/data"])
 def test_what_lists_every_tenant_needs_an_admin_key(server: Server, path: str) -> None:
     assert requests.get(server.url + path, timeout=10, headers=auth("ops")).status_code == 200
@@ -36,7 +35,6 @@ def _points(server: Server, since: int | None) -> tuple[int, int]:
     return int(doc["seq"]), len(doc["points"])
 
 
-@pytest.mark.xfail(strict=True, reason=CLOSED + " (bounded responses)")
 def test_the_dashboard_data_past_its_last_point_is_empty(server: Server) -> None:
     deadline = time.monotonic() + 10
     seq, kept = _points(server, None)
@@ -60,7 +58,6 @@ def _count(server: Server, model: str, status: str) -> float:
     return total
 
 
-@pytest.mark.xfail(strict=True, reason="issue 25: failures counted after authorisation")
 def test_a_request_refused_before_authorisation_counts_against_no_model(
         server: Server) -> None:
     before = _count(server, "synth", "401")

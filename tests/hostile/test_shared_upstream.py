@@ -58,7 +58,6 @@ def _embed(url: str, tenant: str, text: str) -> requests.Response:
     return r
 
 
-@pytest.mark.xfail(strict=True, reason="issue 25: shared-upstream leak")
 def test_a_shared_upstream_credential_tells_no_tenant_what_another_sent(
         front: tuple[subprocess.Popen[bytes], str]) -> None:
     proc, url = front

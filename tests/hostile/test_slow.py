@@ -25,7 +25,6 @@ def _held(d: declared.Declared) -> declared.Request | None:
     return next((r for r in d.requests if r.route != declared.STREAM), None)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 25: body read timeout (408)")
 def test_a_held_body_is_answered_408_in_every_kind(server: Server) -> None:
     held = {d.runtime: r for d in declared.DECLARED.values() if (r := _held(d)) is not None}
     with concurrent.futures.ThreadPoolExecutor(len(held)) as pool:
@@ -42,7 +41,6 @@ def _streams() -> list[declared.Declared]:
             if declared.AUDIO in d.inputs and d.by_route(declared.STREAM) is not None]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 25: stream idle/total timeouts")
 def test_a_trickling_stream_is_ended_by_the_server(server: Server) -> None:
     streams = {d.runtime: d.by_route(declared.STREAM) for d in _streams()}
     assert streams
@@ -64,7 +62,6 @@ def _open_stream(server: Server, request: declared.Request, tenant: str) -> sock
     return sock
 
 
-@pytest.mark.xfail(strict=True, reason="issue 25: per-tenant stream cap (stream timeouts)")
 @pytest.mark.parametrize("d", _streams(), ids=lambda d: d.runtime)
 def test_one_tenants_streams_leave_room_for_another(server: Server,
                                                     d: declared.Declared) -> None:

@@ -128,8 +128,6 @@ def test_a_keyed_tenant_reads_only_its_own_feature_rows(server: Server) -> None:
         assert _plan(server, tenant, "corp:user-0001") is None, tenant
 
 
-@pytest.mark.xfail(strict=True, reason="issue 25: tenant keys (features/caches/jobs): a keyed "
-                   "tenant named 'anonymous' reads the unprefixed rows")
 def test_a_tenant_named_anonymous_reads_no_one_elses_feature_rows(server: Server) -> None:
     assert "anonymous" in KEYS
     assert _plan(server, "anonymous", "user-0001") is None

@@ -317,7 +317,7 @@ async def test_admission_bounds_the_requests_in_flight() -> None:
 
 def test_an_oversized_input_is_refused_before_any_step(diamond: TestClient) -> None:
     r = infer(diamond, "diamond", "x" * (64 * 1024 + 1))
-    assert r.status_code == 400 and "characters" in r.json()["error"]
+    assert r.status_code == 413 and "characters" in r.json()["error"]
     assert "join" not in CALLS
 
 
