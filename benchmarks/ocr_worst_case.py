@@ -14,14 +14,20 @@ second (crops and widths are the request's, summed over its files).
 
 from __future__ import annotations
 
+import datetime
+import json
+import os
 import resource
 import time
+from pathlib import Path
 
 import cv2
 import numpy as np
 
 from sokuji.vision import ocr_stages as st
 from sokuji.vision.ocr_options import OcrOptions
+
+RECORDED = Path(__file__).parent / "recorded"
 
 
 def dense_page(size: int = 1000, step: int = 11, word: int = 4) -> np.ndarray:
@@ -74,7 +80,18 @@ def main() -> None:
     print(f"dense page: {len(crops)} crops (of {o.max_crops}), rec width {sum(widths)} px "
           f"(of {o.max_rec_width}): cls {cls_s:.1f} s, rec {rec_s:.1f} s "
           f"({rec_s / sum(widths) * 1e6:.0f} us a px)")
-    print(f"worst request, 8 files: ~{8 * det_s + cls_s + rec_s:.0f} s of one core")
+    worst_s = 8 * det_s + cls_s + rec_s
+    print(f"worst request, 8 files: ~{worst_s:.0f} s of one core")
+    out = RECORDED / f"ocr_worst_case-{datetime.date.today()}.json"
+    out.write_text(json.dumps({
+        "det": {"shape": list(geo.det), "pixels": geo.pixels, "s": det_s},
+        "dense_page": {"crops": len(crops), "rec_width_px": int(sum(widths)), "cls_s": cls_s,
+                       "rec_s": rec_s},
+        "limits": {"max_det_pixels": o.max_det_pixels, "max_crops": o.max_crops,
+                   "max_rec_width": o.max_rec_width},
+        "worst_request_s": worst_s, "load_avg": os.getloadavg(),
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024}, indent=1))
+    print(f"raw: {out}")
 
 
 if __name__ == "__main__":
