@@ -32,14 +32,15 @@ def test_each_request_is_counted_once_with_its_status(synth: TestClient) -> None
     assert synth.post(INFER, json=_body(["a"])).status_code == 200
     assert synth.post("/v1/embeddings", json={"model": "synth", "input": "ab"}).status_code \
         == 200
-    assert synth.post(INFER, json=_body(["a"] * 9)).status_code == 400  # too many items
+    assert synth.post(INFER, json=_body(["a"] * 9)).status_code == 413  # past max_batch_size
     assert synth.post(INFER, json=_body(["a"]), headers={
         "content-type": "text/plain"}).status_code == 415
     assert synth.post("/v1/chat/completions", json={
         "model": "synth", "messages": [{"role": "user", "content": "hi"}]}).status_code == 400
     counts = _counts(synth)
     assert counts['sokuji_requests_total{model="synth",status="200"}'] == 2.0
-    assert counts['sokuji_requests_total{model="synth",status="400"}'] == 2.0
+    assert counts['sokuji_requests_total{model="synth",status="400"}'] == 1.0
+    assert counts['sokuji_requests_total{model="synth",status="413"}'] == 1.0
     assert counts['sokuji_requests_total{model="synth",status="415"}'] == 1.0
     assert counts['gen_ai_server_request_duration_seconds_count{gen_ai_operation_name="infer",'
                   'gen_ai_request_model="synth"}'] == 1.0
