@@ -158,6 +158,8 @@ def trickle(url: str, path: str, headers: dict[str, str], first: bytes,
                 data += chunk
             except TimeoutError:
                 pass
+            except ConnectionResetError:  # the server ended it (closed with our bytes unread)
+                break
             try:
                 sock.sendall(b"1\r\n\x00\r\n")
             except (BrokenPipeError, ConnectionResetError):
