@@ -58,15 +58,14 @@ from sokuji.errors import ConfigError, InvalidInput, ModelNotReady
 from sokuji.llm.request import STOP_LIMITS, Timing
 from sokuji.routing.config import UpstreamOptions
 from sokuji.routing.upstream_codec import DTYPES, completion_request, embeddings, v2_output
-from sokuji.routing.upstream_http import (
-    OnAttempt,
-    UpstreamClient,
+from sokuji.routing.upstream_errors import (
     UpstreamFailed,
     UpstreamOverloaded,
     UpstreamRejected,
     UpstreamTimeout,
     UpstreamUnavailable,
 )
+from sokuji.routing.upstream_http import OnAttempt, UpstreamClient
 from sokuji.routing.upstream_stream import UpstreamGeneration
 
 __all__ = ["UpstreamFailed", "UpstreamModel", "UpstreamOverloaded", "UpstreamRejected",

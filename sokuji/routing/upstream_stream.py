@@ -31,13 +31,8 @@ from sokuji.core.model import RequestContext
 from sokuji.errors import DeadlineExceeded, SokujiError
 from sokuji.llm.request import Timing
 from sokuji.routing.upstream_codec import SseParser
-from sokuji.routing.upstream_http import (
-    Attempt,
-    UpstreamClient,
-    UpstreamFailed,
-    UpstreamTimeout,
-    error_message,
-)
+from sokuji.routing.upstream_errors import UpstreamFailed, UpstreamTimeout, error_message
+from sokuji.routing.upstream_http import Attempt, UpstreamClient
 
 log = logging.getLogger(__name__)
 
