@@ -83,7 +83,9 @@ class ModelConfig(_Table, frozen=True):
     tokenizer: str | None = None
     """tokenizer.json for the onnx runtime; defaults to the built-in MiniLM tokenizer."""
     version: str = "1"
-    max_batch_size: AtLeast1 = 32
+    max_batch_size: ZeroOrMore = 32
+    """Items (texts, rows) one batch holds. 0: the model has no batch dimension (Triton's
+    meaning; runtime tensor only): each request runs alone, its shapes as the graph's."""
     max_batch_tokens: AtLeast1 = 8192
     max_queue_delay_ms: ZeroOrMoreS = 2.0
     batching: BatchPolicy = BatchPolicy.LENGTH
@@ -341,6 +343,10 @@ def _check(config: ServerConfig) -> ServerConfig:
     for i, m in enumerate(config.models):
         at = f"models[{i}]"
         kind = registry.get(m.runtime, f"{at}.runtime")
+        if m.max_batch_size == 0 and not kind.unbatched:
+            raise ConfigError.for_key(f"{at}.max_batch_size", 0,
+                                      f"must be at least 1 (0, no batch dimension, is for "
+                                      f"runtime tensor; runtime {m.runtime} batches)")
         kind.check(m, kind.parse(m, at), at, config)
         if m.name in seen:
             raise ConfigError.for_key(f"{at}.name", m.name, "duplicate model name")

@@ -315,7 +315,7 @@ class DynamicBatcher:
         cap = self.by_time.batch_cap() if self.by_time is not None else None
         choice = forming.choose([e.request for e in live], cfg.policy, cfg.max_batch_size,
                                 budget if cap is None else min(budget, cap), self._aging_ns,
-                                time.perf_counter_ns())
+                                time.perf_counter_ns(), cfg.preferred_batch_sizes)
         chosen = [live[i] for i in choice.indices]
         if len(chosen) == len(live):
             self._queue = []

@@ -25,6 +25,9 @@ class BatcherConfig:
     priority_aging_ms: float = 1000.0
     inline_max_ms: float = 50.0
     """A lone request measured to run within this long runs on the event loop (0: never)."""
+    preferred_batch_sizes: tuple[int, ...] = ()
+    """Batch sizes (items, ascending) a batch is cut back to (``core/forming.py``); empty:
+    any size. Triton's ``preferred_batch_size``; tensor models only."""
     slo: SloBudgets = field(default_factory=SloBudgets)
     """p99 targets for admission by time (``core/slo_admission.py``); empty: by count only."""
     worker_nice: int = 0

@@ -10,6 +10,11 @@
   ``length``, nearest to the first one's length (low padding), or, for ``fifo``, in arrival
   order, stopping at the first that does not fit.
 - A single request larger than the token budget still runs, alone.
+- Only requests of the head's ``group`` join it (a tensor model's requests of other shapes
+  wait for a batch of their own shape).
+- With ``preferred`` batch sizes (Triton's ``preferred_batch_size``), a batch larger than
+  the smallest preferred size is cut back to the largest preferred size it reaches, so the
+  model runs the sizes it was tuned for; the rest stay queued for the next batch.
 """
 
 from __future__ import annotations
@@ -50,8 +55,10 @@ class Choice:
 
 
 def choose(queue: Sequence[InferenceRequest], batch_policy: BatchPolicy, max_batch_size: int,
-           max_batch_tokens: int, aging_ns: int, now_ns: int) -> Choice:
-    """The next batch out of ``queue`` (non-empty)."""
+           max_batch_tokens: int, aging_ns: int, now_ns: int,
+           preferred: Sequence[int] = ()) -> Choice:
+    """The next batch out of ``queue`` (non-empty); ``preferred``: batch sizes in items,
+    ascending (empty: any size up to ``max_batch_size``)."""
     if len(queue) == 1:
         only = queue[0]
         return Choice([0], only.num_items, only.length)
@@ -61,7 +68,8 @@ def choose(queue: Sequence[InferenceRequest], batch_policy: BatchPolicy, max_bat
     # a request without one, the aging time after it was queued.
     dues = [r.due_ns if r.due_ns is not None else r.enqueued_ns + aging_ns for r in queue]
     head = min(range(len(queue)), key=lambda i: (ranks[i], dues[i]))
-    rest = [i for i in range(len(queue)) if i != head]
+    group = queue[head].group
+    rest = [i for i in range(len(queue)) if i != head and queue[i].group == group]
     if batch_policy is BatchPolicy.LENGTH:
         anchor = queue[head].length
         rest.sort(key=lambda i: (ranks[i], abs(queue[i].length - anchor)))
@@ -82,4 +90,19 @@ def choose(queue: Sequence[InferenceRequest], batch_policy: BatchPolicy, max_bat
             continue
         chosen.append(i)
         items, longest = new_items, new_longest
+    if preferred and items > preferred[0] and items not in preferred:
+        return _cut(queue, chosen, max(p for p in preferred if p <= items))
     return Choice(chosen, items, longest)
+
+
+def _cut(queue: Sequence[InferenceRequest], chosen: list[int], size: int) -> Choice:
+    """``chosen`` cut back (from its end, the head kept) to at most ``size`` items."""
+    kept, items, longest = [], 0, 0
+    for i in chosen:
+        req = queue[i]
+        if kept and items + req.num_items > size:
+            continue
+        kept.append(i)
+        items += req.num_items
+        longest = max(longest, req.length)
+    return Choice(kept, items, longest)

@@ -8,6 +8,8 @@ histograms and any trace are all derived from this one object.
 
 from __future__ import annotations
 
+from collections.abc import Hashable
+
 import enum
 import time
 from dataclasses import dataclass, field
@@ -90,13 +92,16 @@ class Prepared:
     """An encoder request's inputs after preprocessing, ready to be batched.
 
     ``num_items`` rows, each needing ``length`` positions once padded; ``num_tokens`` is the
-    unpadded count (reported as usage).
+    unpadded count (reported as usage). ``group``: requests batch only with others of the
+    same group (a tensor model's: the shapes of its inputs past the batch dimension); None
+    for a model whose requests all batch together (texts: padded to the longest).
     """
 
     data: Any
     num_items: int
     length: int
     num_tokens: int
+    group: Hashable = None
 
 
 @dataclass(eq=False)
@@ -121,6 +126,8 @@ class InferenceRequest:
     tenant: str = ""
     num_tokens: int = 0
     """Its unpadded input tokens (the handle's report: OpenAI usage)."""
+    group: Hashable = None
+    """Batches only with requests of the same group (``Prepared.group``)."""
     due_ns: int | None = None
     """With an SLO: by when it should be answered (``core/slo_admission.py``)."""
     predicted_s: float = 0.0

@@ -82,6 +82,9 @@ class Kind:
     """Build order: 0 for models that stand alone, higher for models that hold others."""
     variants: ClassVar[bool] = False
     """Whether ``variant`` (``sokuji optimize``'s files) means anything to this kind."""
+    unbatched: ClassVar[bool] = False
+    """Whether ``max_batch_size = 0`` (no batch dimension: Triton's meaning) means anything
+    to this kind; the config refuses it for the others."""
     triton_backend: ClassVar[str] = ""
     """Triton's backend for the same engine (``onnxruntime``), as a model's Triton
     configuration names it (``server/triton.py``); empty: the kind's own name."""

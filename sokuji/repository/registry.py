@@ -26,6 +26,7 @@ from sokuji.errors import ConfigError
 GROUP = "sokuji.kinds"
 BUILTIN = {
     "onnx": "sokuji.kinds.encoder.kind:KIND",
+    "tensor": "sokuji.kinds.tensor.kind:KIND",
     "synthetic": "sokuji.kinds.synthetic.kind:KIND",
     "llama": "sokuji.kinds.generator.kind:KIND",
     "ocr": "sokuji.kinds.ocr.kind:KIND",

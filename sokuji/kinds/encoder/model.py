@@ -75,7 +75,8 @@ def batcher_config(mc: ModelConfig, tenant_slos: Iterable[SloConfig] = ()) -> Ba
     """The batcher's share of ``mc``: every field but ``policy`` (``batching`` there) and
     ``worker_nice`` is named as in ``ModelConfig``; ``slo`` from its own and its tenants'
     SLOs."""
-    same = {f.name for f in fields(BatcherConfig)} - {"policy", "worker_nice", "slo"}
+    same = {f.name for f in fields(BatcherConfig)} - {"policy", "worker_nice", "slo",
+                                                      "preferred_batch_sizes"}
     return BatcherConfig(policy=mc.batching, slo=budgets_for(mc.name, mc.slo, tenant_slos),
                          **{name: getattr(mc, name) for name in same})
 
@@ -139,7 +140,7 @@ class EncoderModel(ModelBase):
             model=self.batcher.name, payload=prepared, num_items=prepared.num_items,
             length=prepared.length, timeline=tl, request_id=ctx.request_id,
             priority=ctx.priority, deadline_ns=ctx.deadline_ns, tenant=ctx.tenant,
-            num_tokens=prepared.num_tokens))
+            num_tokens=prepared.num_tokens, group=prepared.group))
 
     def from_tensors(self, request: InferRequest) -> list[str]:
         tensor = request.inputs.get(self.metadata.inputs[0].name)
