@@ -225,6 +225,10 @@ class ServerConfig(_Table, frozen=True):
     """On SIGTERM: seconds between readiness turning false and the listener closing."""
     shutdown_grace_s: ZeroOrMoreS = 30.0
     """Then: the most seconds in-flight requests get to finish."""
+    repository_poll_s: ZeroOrMoreS = 0.0
+    """Every this many seconds, look for models added, changed (config or model file) or
+    removed, and load or unload them (Triton's ``--model-control-mode=poll``); 0: only the
+    repository extension's explicit load and unload (``repository/control.py``)."""
     models: Annotated[tuple[ModelConfig, ...],
                       _why("must be an array of tables, at least one", min_length=1)] = (
         ModelConfig(name=DEFAULT_MODEL_NAME),

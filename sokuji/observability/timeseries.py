@@ -196,6 +196,20 @@ class Sampler:
                 if self._failures in (1, 10, 100, 1000):
                     log.exception("dashboard sampler failed (%d times)", self._failures)
 
+    def follow(self, name: str, model: Model | None) -> None:
+        """The model ``name`` was loaded again (``model``, its versions with it) or unloaded
+        (None): points read the model serving now, and hold no other."""
+        for key in [k for k in self.models if k == name or k.startswith(f"{name}@")]:
+            del self.models[key]
+        for m in model.all() if model is not None else ():
+            self.models[m.metric_name] = m
+            if m.metric_name not in self._intervals:
+                self._intervals[m.metric_name] = _Interval()
+                self._previous[m.metric_name] = _Previous()
+            hist = self.metrics.timings(m.metric_name)
+            if hist is not None and self._task is not None:
+                hist.tap = self._intervals[m.metric_name].take_rows
+
     # --- taking a point ----------------------------------------------------------------
 
     def _generation(self, model: str, timing: Timing, tokens: int, status: int) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +41,10 @@ class Model:
     """False for the other variants, addressed as V2 versions."""
     variants: dict[str, Model] = field(default_factory=dict)
     """The primary's other servable variants, by name."""
+    uses: frozenset[str] = frozenset()
+    """The other models its kind took when it was built (a router's targets, a pipeline's
+    steps): it holds them, so they cannot be swapped or unloaded under it
+    (``repository/control.py``)."""
     metadata: ModelMetadata = field(init=False)
     apis: frozenset[Api] = field(init=False)
     """What it serves (``core.model.Api``)."""
@@ -50,10 +54,10 @@ class Model:
         self.apis = self.served.apis
 
     @classmethod
-    def of(cls, config: ModelConfig, built: Built) -> Model:
+    def of(cls, config: ModelConfig, built: Built, uses: Iterable[str] = ()) -> Model:
         """The repository's entry for what a kind built: the served model, and its other
-        versions beside it."""
-        model = cls(config, built.served, variant=built.variant)
+        versions beside it; ``uses``: the models it was built over."""
+        model = cls(config, built.served, variant=built.variant, uses=frozenset(uses))
         for name, served in built.versions.items():
             model.variants[name] = cls(config, served, variant=name, primary=False)
         return model
@@ -114,10 +118,10 @@ class ModelRepository:
                     repo.models[mc.name] = Model(mc, served[mc.name])
                     log.info("model %s attached (%s)", mc.name, type(served[mc.name]).__name__)
                     continue
-                env = BuildEnv(config, at, {n: m.served for n, m in repo.models.items()},
-                               shared.setdefault(id(kind), {}), on_batch)
+                models = Taken({n: m.served for n, m in repo.models.items()})
+                env = BuildEnv(config, at, models, shared.setdefault(id(kind), {}), on_batch)
                 built = kind.build(mc, kind.parse(mc, at), env)
-                repo.models[mc.name] = Model.of(mc, built)
+                repo.models[mc.name] = Model.of(mc, built, models.taken)
                 log.info("model %s loaded (runtime %s)", mc.name, mc.runtime)
         return repo
 
@@ -126,12 +130,18 @@ class ModelRepository:
         return [m for model in self.models.values() for m in model.all()]
 
     def start(self) -> None:
-        served = [m.served for m in self.every()]
+        self.wire_neighbours()
         for model in self.every():
-            if len(served) > 1:
-                model.served.neighbours(_busy([s for s in served if s is not model.served]))
             model.served.start()
             model.started = True
+
+    def wire_neighbours(self) -> None:
+        """Tell every model how to ask whether the others have work in flight (again after
+        a model was swapped or unloaded: the question must name the ones served now)."""
+        served = [m.served for m in self.every()]
+        if len(served) > 1:
+            for model in self.every():
+                model.served.neighbours(_busy([s for s in served if s is not model.served]))
 
     def mark_unready(self) -> None:
         """Readiness turns false (shutdown begins); requests are still served."""
@@ -175,6 +185,30 @@ class ModelRepository:
     def ready(self) -> bool:
         """Every model and every variant it serves as a version is ready."""
         return bool(self.models) and all(m.ready for m in self.every())
+
+
+class Taken(Mapping[str, ServedModel]):
+    """The models a kind is given to build over (``BuildEnv.models``), noting the names it
+    takes: what the built model holds. A kind that copies the mapping (a pipeline's
+    resources) takes every name it copies."""
+
+    def __init__(self, models: Mapping[str, ServedModel]) -> None:
+        self._models = dict(models)
+        self.taken: set[str] = set()
+
+    def __getitem__(self, name: str) -> ServedModel:
+        served = self._models[name]
+        self.taken.add(name)
+        return served
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._models)
+
+    def __len__(self) -> int:
+        return len(self._models)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._models
 
 
 def _busy(models: list[ServedModel]) -> Callable[[], bool]:

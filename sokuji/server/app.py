@@ -30,7 +30,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sokuji.config import ServerConfig
 from sokuji.core import timing
-from sokuji.core.model import Api
+from sokuji.core.model import Api, ServedModel
 from sokuji.core.request import Stage, Timeline
 from sokuji.errors import (
     ConfigError,
@@ -41,7 +41,8 @@ from sokuji.errors import (
 from sokuji.observability import tracing
 from sokuji.observability.metrics import Metrics
 from sokuji.observability.observers import Observers
-from sokuji.repository.models import ModelRepository
+from sokuji.repository.control import ModelControl, source_for
+from sokuji.repository.models import Model, ModelRepository
 from sokuji.server import backends, llm_api, scheduling, stream, v2
 from sokuji.server.accounting import Accounting
 from sokuji.server.auth import Tenant
@@ -272,6 +273,10 @@ class SokujiApp:
         return Reply(200, body, out_headers)
 
 
+def _waiting(served: ServedModel) -> Callable[[], float]:
+    return lambda: float(served.num_waiting)
+
+
 def _operation(style: ErrorStyle) -> str:
     """The GenAI operation name of an inference route (``observability/genai.py``)."""
     return "embeddings" if style is ErrorStyle.OPENAI else "infer"
@@ -285,24 +290,38 @@ def create_app(config: ServerConfig, repo: ModelRepository,
     slos = {mc.name: mc.slo for mc in config.models if mc.slo is not None}
     metrics.add_slos(slos, config.slos)
     observers = Observers(metrics, tracer)
-    for model in repo.every():
-        metrics.add_model(model.metric_name, model.served)
-        model.served.attach(observers)
-        if model.variant and model.primary:
-            metrics.variant.labels(model.name, model.variant).set(1)
     cache = backends.build_cache(config, metrics)
     inference = Inference(config, repo, metrics, cache)
-    for i, mc in enumerate(config.models):
-        if mc.semantic_cache and mc.name in repo.models:
+
+    def wire(model: Model) -> None:
+        """Connect a model about to serve (at start, or loaded since) to the observers, and
+        put its semantic cache in front of it."""
+        for m in model.all():
+            if metrics.timings(m.metric_name) is None:
+                metrics.add_model(m.metric_name, m.served)
+            else:  # loaded again: its figures go on; the queue gauge reads the new one
+                metrics.queue_depth.labels(m.metric_name).set_function(_waiting(m.served))
+            m.served.attach(observers)
+            if m.variant and m.primary:
+                metrics.variant.labels(m.name, m.variant).set(1)
+        mc = model.config
+        if mc.semantic_cache:
             from sokuji.routing import semantic
 
-            m = repo.models[mc.name]
-            layer = semantic.build(mc.name, mc.version, m.served, dict(mc.semantic_cache),
-                                   f"models[{i}].semantic_cache", repo.models,
+            at = next((f"models[{i}]" for i, c in enumerate(config.models) if c is mc),
+                      f"model '{mc.name}'")
+            layer = semantic.build(mc.name, mc.version, model.served, dict(mc.semantic_cache),
+                                   f"{at}.semantic_cache", repo.models,
                                    config.cache_dir, metrics.routing)
             if layer is not None:  # the model, its semantic cache in front
-                m.served = semantic.SemanticModel(m.served, layer)
-    cp = ControlPlane(config, repo, metrics, inference.auth)
+                model.served = semantic.SemanticModel(model.served, layer)
+
+    for model in list(repo.models.values()):
+        wire(model)
+    control = ModelControl(config, repo, source_for(config), wire,
+                           on_batch=metrics.batch_observer)
+    cp = ControlPlane(config, repo, metrics, inference.auth, control)
+    control.follow = cp.dashboard.follow
     jobs = None
     if config.jobs.enabled:
         jobs = JobService(backends.job_store(config), inference.auth, config)
@@ -324,10 +343,12 @@ def create_app(config: ServerConfig, repo: ModelRepository,
         if jobs is not None:
             jobs.start(app_.respond, app_.check_job)
         cp.dashboard.start()  # the dashboard's sampler: a point a second (timeseries.py)
+        control.start(config.repository_poll_s)  # (0: no polling, explicit loads only)
         try:
             yield
         finally:
             await cp.dashboard.stop()  # (the dashboard's sampler)
+            await control.stop()  # retired versions still draining: stopped now
             if jobs is not None:
                 await jobs.stop()
             await repo.stop()

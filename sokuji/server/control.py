@@ -14,6 +14,9 @@ Who may see what, when API keys are configured (with none, everything is open):
 - ``/metrics``: an ``admin`` key, unless ``metrics_require_key = false`` (a scraper on a
   private network): every model's and every SLO tenant's figures are there.
 - ``/dashboard``: the page is open (it holds no data); its data follows ``/metrics``' rule.
+- The model repository extension (``POST /v2/repository/index``,
+  ``/v2/repository/models/{model}/load`` and ``/unload``, ``repository/control.py``): an
+  ``admin`` key: it lists, loads and unloads every tenant's models.
 Every path also answers only to the ``Host`` names ``allowed_hosts`` allows (``hosts.py``).
 """
 
@@ -31,8 +34,9 @@ from starlette.routing import Route
 
 from sokuji import __version__
 from sokuji.config import ServerConfig
-from sokuji.errors import InvalidInput, SokujiError
+from sokuji.errors import Forbidden, InvalidInput, NotFound, PayloadTooLarge, SokujiError
 from sokuji.observability.metrics import CONTENT_TYPE, Metrics
+from sokuji.repository.control import ModelControl
 from sokuji.repository.models import Model, ModelRepository
 from sokuji.server import triton, v2
 from sokuji.server.auth import Authenticator, Tenant
@@ -41,7 +45,8 @@ from sokuji.server.failures import ErrorStyle, error_body, to_error
 from sokuji.server.http import JSON
 
 log = logging.getLogger(__name__)
-EXTENSIONS = ("binary_tensor_data", "model_configuration", "statistics", "schedule_policy")
+EXTENSIONS = ("binary_tensor_data", "model_configuration", "statistics", "schedule_policy",
+              "model_repository")
 """Triton protocol extensions Sokuji implements (``schedule_policy``: the ``priority`` and
 ``timeout`` request parameters)."""
 
@@ -50,9 +55,11 @@ Handler = Callable[[Request, Exception], Awaitable[Response]]
 
 class ControlPlane:
     def __init__(self, config: ServerConfig, repo: ModelRepository, metrics: Metrics,
-                 auth: Authenticator) -> None:
+                 auth: Authenticator, control: ModelControl | None = None) -> None:
         self.config = config
         self.repo = repo
+        self.control = control
+        """Load, unload and the index (``repository/control.py``); None: not offered."""
         self.metrics = metrics
         self.auth = auth
         self.dashboard = Dashboard(config, repo, metrics, auth)
@@ -81,6 +88,9 @@ class ControlPlane:
             Route(f"{v}/stats", self.stats, methods=get),
             Route("/v1/models", self.openai_models, methods=get),
             Route("/metrics", self.metrics_endpoint, methods=get),
+            Route("/v2/repository/index", self.repository_index, methods=["POST"]),
+            Route("/v2/repository/models/{model_name}/load", self.load, methods=["POST"]),
+            Route("/v2/repository/models/{model_name}/unload", self.unload, methods=["POST"]),
             *self.dashboard.routes(),  # /dashboard, /dashboard/data (the rule of /metrics)
         ]
 
@@ -156,6 +166,53 @@ class ControlPlane:
                 and scope == "cluster" else self.metrics.render())
         return Response(body, headers={"content-type": CONTENT_TYPE})
 
+    # --- the model repository extension (admin) ----------------------------------------
+
+    def _control(self, request: Request) -> ModelControl:
+        tenant = self.auth.authenticate(request.headers)
+        if not tenant.admin:
+            raise Forbidden(f"tenant '{tenant.name}' may not control the model repository: "
+                            "it loads and unloads every tenant's models, so it needs an API "
+                            "key marked admin")
+        if self.control is None:
+            raise NotFound("this server does not offer model control")
+        return self.control
+
+    async def repository_index(self, request: Request) -> Response:
+        control = self._control(request)
+        doc = await _body(request)
+        ready = doc.get("ready", False)
+        if not isinstance(ready, bool):
+            raise InvalidInput("'ready' must be true or false", param="ready")
+        return _json(control.index(ready_only=ready))
+
+    async def load(self, request: Request) -> Response:
+        control = self._control(request)
+        params = _parameters(await _body(request))
+        override = params.pop("config", None)
+        if override is not None and not isinstance(override, (str, dict)):
+            raise InvalidInput("parameters.config must be a string: the JSON of a Triton "
+                               "model configuration", param="parameters.config")
+        for key in params:
+            raise InvalidInput(f"parameters.{key[:64]}: not a load parameter Sokuji takes (it "
+                               "takes 'config'; model files come from the repository)",
+                               param=f"parameters.{key[:64]}")
+        await control.load(request.path_params["model_name"], override)
+        return _json({})
+
+    async def unload(self, request: Request) -> Response:
+        control = self._control(request)
+        params = _parameters(await _body(request))
+        dependents = params.pop("unload_dependents", False)
+        if not isinstance(dependents, bool):
+            raise InvalidInput("parameters.unload_dependents must be true or false",
+                               param="parameters.unload_dependents")
+        for key in params:
+            raise InvalidInput(f"parameters.{key[:64]}: not an unload parameter Sokuji takes "
+                               "(it takes 'unload_dependents')", param=f"parameters.{key[:64]}")
+        await control.unload(request.path_params["model_name"], dependents)
+        return _json({})
+
     # --- errors --------------------------------------------------------------------------
 
     @staticmethod
@@ -183,6 +240,35 @@ class ControlPlane:
 
     async def on_unexpected(self, request: Request, exc: Exception) -> Response:
         return await self.on_sokuji_error(request, exc)  # (logged there, answered 500)
+
+
+MAX_CONTROL_BODY = 1 << 20
+"""A control call's body (an index filter, a load's config override): at most 1 MiB."""
+
+
+async def _body(request: Request) -> dict[str, Any]:
+    """The JSON object a control call sends (an empty body: ``{}``), bounded in bytes."""
+    raw = bytearray()
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > MAX_CONTROL_BODY:
+            raise PayloadTooLarge(f"the request body is over {MAX_CONTROL_BODY} bytes")
+    if not raw.strip():
+        return {}
+    try:
+        doc = orjson.loads(bytes(raw))
+    except orjson.JSONDecodeError as exc:
+        raise InvalidInput(f"the body is not JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise InvalidInput("the body must be a JSON object")
+    return doc
+
+
+def _parameters(doc: dict[str, Any]) -> dict[str, Any]:
+    params = doc.get("parameters", {})
+    if not isinstance(params, dict):
+        raise InvalidInput("'parameters' must be an object", param="parameters")
+    return dict(params)
 
 
 def _json(doc: Any, status: int = 200) -> Response:

@@ -27,7 +27,7 @@ from sokuji.config import ServerConfig
 from sokuji.errors import InvalidInput
 from sokuji.observability.metrics import Metrics
 from sokuji.observability.timeseries import Sampler
-from sokuji.repository.models import ModelRepository
+from sokuji.repository.models import Model, ModelRepository
 from sokuji.server.auth import Authenticator
 from sokuji.server.http import JSON
 
@@ -65,6 +65,10 @@ class Dashboard:
 
     async def stop(self) -> None:
         await self.sampler.stop()
+
+    def follow(self, name: str, model: Model | None) -> None:
+        """``name`` is served by ``model`` now (loaded again), or no longer (None)."""
+        self.sampler.follow(name, model)
 
     def routes(self) -> list[Route]:
         if not self.enabled:
