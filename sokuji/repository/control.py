@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import hashlib
 import logging
 import time
 import weakref
@@ -313,6 +314,10 @@ class ModelControl:
             log.warning("model %s: load failed (%s serves): %s", name,
                         "the version before" if old is not None else "nothing", reason)
             raise LoadFailed(f"failed to load '{name}': {reason}", param="model") from None
+        look = self._look(new.config)
+        revision = hashlib.sha256(repr(look).encode()).hexdigest()[:12]
+        for m in new.all():
+            m.revision = revision
         try:
             self.wire(new)
             for m in new.all():
@@ -325,7 +330,7 @@ class ModelControl:
         self.records.pop(name, None)
         self.repo.wire_neighbours()
         self.follow(name, new)
-        self._seen[name] = self._look(new.config)
+        self._seen[name] = look
         log.info("model %s %s (runtime %s, version %s) in %.0f ms", name,
                  "reloaded" if old is not None else "loaded", new.config.runtime,
                  new.version, (time.perf_counter() - t0) * 1e3)

@@ -45,6 +45,10 @@ class Model:
     """The other models its kind took when it was built (a router's targets, a pipeline's
     steps): it holds them, so they cannot be swapped or unloaded under it
     (``repository/control.py``)."""
+    revision: str = ""
+    """Which load of its config this is (``repository/control.py``: the config and model
+    file's fingerprint); empty for the one built at start. The response cache keys by it,
+    so a model loaded again never answers with what the one before computed."""
     metadata: ModelMetadata = field(init=False)
     apis: frozenset[Api] = field(init=False)
     """What it serves (``core.model.Api``)."""
@@ -72,6 +76,12 @@ class Model:
         its versions); else the configured one."""
         return self.variant if self.variant and (self.variants or not self.primary) \
             else self.version
+
+    @property
+    def cache_version(self) -> str:
+        """What names this version in response-cache keys: version, variant, revision."""
+        base = f"{self.version}:{self.variant}"
+        return f"{base}:{self.revision}" if self.revision else base
 
     @property
     def metric_name(self) -> str:

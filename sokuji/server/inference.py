@@ -188,7 +188,7 @@ class Inference:
             return entry
 
         control = cache_control.lower()
-        key = cache_key(ctx.tenant, model.name, f"{model.version}:{model.variant}", parts,
+        key = cache_key(ctx.tenant, model.name, model.cache_version, parts,
                         keyed=self.auth.enabled, form=form)
         entry, result = await self.cache.get_or_compute(
             model.name, key, run, read="no-cache" not in control,

@@ -14,6 +14,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
+import msgspec
 import pytest
 
 from sokuji import config as cfg
@@ -154,3 +155,27 @@ async def test_poll_loads_what_the_source_adds_and_unloads_what_it_drops(
     names.append("r")
     assert await control.poll_once() == ["r"]
     assert control.repo.models["r"].ready
+
+
+def test_through_the_app_the_old_version_is_let_go_and_stopped() -> None:
+    """Over the whole app (metrics, dashboard, the response cache): after a reload, nothing
+    the server keeps holds the old version, so it stops as soon as its requests are done."""
+    from tests.conftest import client_for
+
+    config = cfg.validate(msgspec.structs.replace(_config(), dashboard=True))
+    with client_for(config) as client:
+        body = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1],
+                            "data": ["hello"]}]}
+        first = client.post("/v2/models/a/infer", json=body)
+        assert first.status_code == 200
+        control = client.app.control.control  # type: ignore[attr-defined]
+        old = control.repo.models["a"].served
+        assert client.post("/v2/repository/models/a/load").status_code == 200
+        deadline = time.monotonic() + 5
+        while old.alive and time.monotonic() < deadline:
+            time.sleep(0.01)  # the retirement runs on the app's loop, in its thread
+        assert not old.alive and not control.retiring
+        again = client.post("/v2/models/a/infer", json=body)
+        assert again.status_code == 200
+        assert again.json()["outputs"] == first.json()["outputs"]
+        assert 'sokuji_queue_depth{model="a"}' in client.get("/metrics").text
