@@ -255,10 +255,11 @@ class ModelControl:
 
     # --- the index -----------------------------------------------------------------------
 
-    def index(self, ready_only: bool = False) -> list[dict[str, str]]:
+    async def index(self, ready_only: bool = False) -> list[dict[str, str]]:
         """Triton's repository index: every model the source has or the server serves, with
         ``name``, ``version``, ``state`` and ``reason`` (a model never loaded: its name only)."""
-        names = dict.fromkeys([*self.source.names(), *self.repo.models, *self.records])
+        listed = await asyncio.to_thread(self.source.names)  # (a directory, for a repository)
+        names = dict.fromkeys([*listed, *self.repo.models, *self.records])
         out: list[dict[str, str]] = []
         for name in sorted(names):
             model = self.repo.models.get(name)
@@ -371,8 +372,8 @@ class ModelControl:
         """Stop serving ``name``: new requests get 404 at once, those holding it finish, then
         it is stopped and closed (this returns then). ``dependents``: the models built over
         it go first (else 400 naming them)."""
-        if name not in self.repo.models and name not in self.source.names() \
-                and name not in self.records:
+        if name not in self.repo.models and name not in self.records \
+                and name not in await asyncio.to_thread(self.source.names):
             raise ModelNotFound(self._unknown(name), param="model")
         holders = self._holders(name)
         if holders and not dependents:

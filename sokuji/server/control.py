@@ -184,7 +184,7 @@ class ControlPlane:
         ready = doc.get("ready", False)
         if not isinstance(ready, bool):
             raise InvalidInput("'ready' must be true or false", param="ready")
-        return _json(control.index(ready_only=ready))
+        return _json(await control.index(ready_only=ready))
 
     async def load(self, request: Request) -> Response:
         control = self._control(request)

@@ -118,7 +118,7 @@ async def test_a_failed_load_leaves_the_version_serving(control: ModelControl) -
     with pytest.raises(LoadFailed, match="not JSON"):
         await control.load("a", "{max_batch_size: 4")
     assert control.repo.models["a"] is before and before.ready
-    assert control.index() == [
+    assert await control.index() == [
         {"name": n, "version": "1", "state": "READY", "reason": ""} for n in ("a", "b", "c", "r")]
     new = await control.load("a", '{"max_batch_size": 4, "instance_group": [{"count": 2}]}')
     assert (new.config.max_batch_size, new.config.instances) == (4, 2)
@@ -134,10 +134,10 @@ async def test_a_model_others_hold_is_not_swapped_under_them(control: ModelContr
         await control.unload("b")
     await control.unload("b", dependents=True)
     assert set(control.repo.models) == {"a", "c"}
-    states = {e["name"]: (e["state"], e["reason"]) for e in control.index()}
+    states = {e["name"]: (e["state"], e["reason"]) for e in await control.index()}
     assert states == {"a": ("READY", ""), "b": ("UNAVAILABLE", "unloaded"),
                       "c": ("READY", ""), "r": ("UNAVAILABLE", "unloaded")}
-    assert [e["name"] for e in control.index(ready_only=True)] == ["a", "c"]
+    assert [e["name"] for e in await control.index(ready_only=True)] == ["a", "c"]
     await control.load("b")
     await control.load("r")
     assert control.repo.models["r"].uses == {"b"} and control.repo.ready
@@ -172,7 +172,7 @@ def test_through_the_app_the_old_version_is_let_go_and_stopped() -> None:
         old = control.repo.models["a"].served
         assert client.post("/v2/repository/models/a/load").status_code == 200
         deadline = time.monotonic() + 5
-        while old.alive and time.monotonic() < deadline:
+        while (old.alive or control.retiring) and time.monotonic() < deadline:
             time.sleep(0.01)  # the retirement runs on the app's loop, in its thread
         assert not old.alive and not control.retiring
         again = client.post("/v2/models/a/infer", json=body)
