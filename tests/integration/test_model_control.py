@@ -245,3 +245,58 @@ def test_only_an_admin_key_controls_the_repository(url: str) -> None:
                    json={"parameters": {"file:1/model.onnx": "AAAA"}})
     assert r.status_code == 400 and "parameters.file:1/model.onnx" in r.json()["error"]
     assert client.is_model_ready("iris", headers=ADMIN)
+
+
+async def test_poll_loads_a_model_file_dropped_at_the_same_path(
+        tmp_path: Path, models: dict[str, Any]) -> None:
+    """In process, ``repository_poll_s``: a new file at the model's path is loaded by the next
+    poll and answers; a broken one fails (its reason logged) and changes nothing."""
+    import asyncio
+    import tempfile
+
+    from sokuji import config as cfg
+    from sokuji.core.model import RequestContext
+    from sokuji.core.request import Priority
+    from sokuji.repository.control import ModelControl, config_source
+    from sokuji.repository.models import ModelRepository
+
+    x, labels, path = models["x"], models["labels"], tmp_path / "iris.onnx"
+    path.write_bytes(models["files"]["a"])
+    config = cfg.validate(cfg.ServerConfig(
+        models=(cfg.ModelConfig(name="iris", runtime="tensor", path=str(path)),),
+        builtin_pipelines=False, dashboard=False, repository_poll_s=0.05,
+        cache_dir=tempfile.mkdtemp(prefix="sokuji-test-")))
+    repo = await asyncio.to_thread(ModelRepository.load, config)
+    repo.start()
+    control = ModelControl(config, repo, config_source(config), drain_s=5.0)
+    control.start(config.repository_poll_s)
+    ctx = RequestContext(tenant="t", priority=Priority.INTERACTIVE, deadline_ns=None,
+                         arrival_ns=0)
+
+    async def answer() -> np.ndarray:
+        served = repo.get_ready("iris").served
+        out = await served.submit(await served.prepare({"X": x[:20]}, ctx), ctx).result()
+        return np.asarray(out["label"])
+
+    async def until(check: Any) -> None:
+        for _ in range(250):
+            if check():
+                return
+            await asyncio.sleep(0.02)
+        raise AssertionError("the poll did not act")
+
+    try:
+        assert np.array_equal(await answer(), labels["a"][:20])
+        first = repo.models["iris"]
+        broken = b"not an ONNX graph"
+        path.write_bytes(broken)
+        await until(lambda: control._seen.get("iris", (0, (0, 0)))[1][1] == len(broken))
+        await asyncio.sleep(0.2)  # (polls that find it as it was: nothing more to do)
+        assert repo.models["iris"] is first
+        assert np.array_equal(await answer(), labels["a"][:20])
+        path.write_bytes(models["files"]["b"])
+        await until(lambda: repo.models["iris"] is not first)
+        assert np.array_equal(await answer(), labels["b"][:20])
+    finally:
+        await control.stop()
+        await repo.stop()

@@ -179,3 +179,4 @@ def test_through_the_app_the_old_version_is_let_go_and_stopped() -> None:
         assert again.status_code == 200
         assert again.json()["outputs"] == first.json()["outputs"]
         assert 'sokuji_queue_depth{model="a"}' in client.get("/metrics").text
+
