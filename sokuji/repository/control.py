@@ -289,12 +289,18 @@ class ModelControl:
         """Build ``name`` from the source now, start it, and swap it in for the version
         serving (retired in the background); ``LoadFailed`` (400, the reason) leaves that
         one serving. Returns the model now serving."""
-        async with self._lock(name):
-            self.loading.add(name)
-            try:
-                return await self._load(name, override)
-            finally:
-                self.loading.discard(name)
+        lock = self._lock(name)
+        try:
+            async with lock:
+                self.loading.add(name)
+                try:
+                    return await self._load(name, override)
+                finally:
+                    self.loading.discard(name)
+        finally:  # a name that is nothing here keeps no lock (admins may send any)
+            if not lock.locked() and name not in self.repo.models \
+                    and name not in self.records:
+                self._locks.pop(name, None)
 
     async def _load(self, name: str, override: Override) -> Model:
         old = self.repo.models.get(name)
