@@ -311,7 +311,8 @@ class ModelControl:
         t0 = time.perf_counter()
         try:
             mc = await asyncio.to_thread(self.source.resolve, name, override)
-            new = await asyncio.to_thread(self._build, mc)
+            look = await asyncio.to_thread(self._look, mc)  # (before: a file replaced while
+            new = await asyncio.to_thread(self._build, mc)  # it builds is seen by the poll)
         except ModelNotFound:
             raise ModelNotFound(self._unknown(name), param="model") from None
         except Exception as exc:  # noqa: BLE001 - any failure is the load's reason
@@ -321,7 +322,6 @@ class ModelControl:
             log.warning("model %s: load failed (%s serves): %s", name,
                         "the version before" if old is not None else "nothing", reason)
             raise LoadFailed(f"failed to load '{name}': {reason}", param="model") from None
-        look = self._look(new.config)
         revision = hashlib.sha256(repr(look).encode()).hexdigest()[:12]
         for m in new.all():
             m.revision = revision
