@@ -235,6 +235,11 @@ class ServerConfig(_Table, frozen=True):
         ModelConfig(name=DEFAULT_VAD_NAME, runtime="vad", max_batch_size=8, max_queue_depth=64,
                     max_request_bytes=64 * 1024 * 1024))
     pipelines: tuple[PipelineConfig, ...] = ()
+    model_repository: str = ""
+    """A Triton model repository (``<dir>/<model>/config.pbtxt``, ``<model>/<version>/
+    model.onnx``): every model in it is served beside ``[[models]]`` (``docs/triton-
+    repository.md``), translated when the config loads (``load``; needs the ``repository``
+    extra). Without ``[[models]]`` in the file, only the repository's models are served."""
     feature_store_redis_url: str = ""
     """The built-in feature store's online store: SQLite under cache_dir when empty, else
     this Redis."""
@@ -311,6 +316,11 @@ def load(path: str | Path | None = None, env: Mapping[str, str] | None = None,
         if value is not None:
             raw[key] = _word(key, value)
             names.pop(key, None)
+    if raw.get("model_repository"):
+        from sokuji.repository import triton_translate
+
+        raw["models"] = [*raw.get("models", []),
+                         *triton_translate.tables(str(raw["model_repository"]))]
     return _check(_convert(raw, names))
 
 
