@@ -29,6 +29,7 @@ CONFIG_FILE = "config.pbtxt"
 DEFAULT_MODEL_FILENAME = "model.onnx"
 PLATFORM = "onnxruntime_onnx"
 BACKEND = "onnxruntime"
+ENSEMBLE = "ensemble"
 GRAPH_LEVELS = {-1: "basic", 1: "extended", 2: "disable"}
 """``optimization.graph.level`` -> ONNX Runtime's level, as Triton's backend maps it (any
 other value, 0 included: all)."""
@@ -74,6 +75,8 @@ def table(root: str | Path, name: str, override: str | dict[str, Any] | None = N
         raise ConfigError(f"{where}: name '{config.name}' must be the model's directory "
                           f"name, '{name}' (as Triton requires)", param="name")
     config.name = name
+    if config.platform == ENSEMBLE:
+        return _ensemble(config, home, where, pb)
     _refuse(config, where)
     config.platform, config.backend = PLATFORM, BACKEND
     config.default_model_filename = config.default_model_filename or DEFAULT_MODEL_FILENAME
@@ -126,8 +129,9 @@ def _refuse(config: Any, where: str) -> None:
         raise ConfigError(
             f"{where}: platform '{platform}' / backend '{backend}' is not supported: Sokuji "
             f"serves Triton repositories' ONNX models (platform {PLATFORM}, backend "
-            f"{BACKEND}); not tensorrt_plan, pytorch_libtorch, tensorflow_*, openvino, "
-            "python, ensemble or custom backends", param="platform")
+            f"{BACKEND}) and ensembles of them (platform {ENSEMBLE}); not tensorrt_plan, "
+            "pytorch_libtorch, tensorflow_*, openvino, python or custom backends",
+            param="platform")
     unsupported = [
         ("sequence_batching", config.HasField("sequence_batching")),
         ("batch_input", bool(len(config.batch_input))),
@@ -143,9 +147,33 @@ def _refuse(config: Any, where: str) -> None:
                               param=field)
 
 
+def _ensemble(config: Any, home: Path, where: str, pb: Any) -> dict[str, Any]:
+    """An ensemble's table (kind ``ensemble``): its steps in order, its tensors."""
+    if not len(config.ensemble_scheduling.step):
+        raise ConfigError(f"{where}: an ensemble needs ensemble_scheduling with steps",
+                          param="ensemble_scheduling")
+    for field in ("sequence_batching", "dynamic_batching"):
+        if config.HasField(field):
+            raise ConfigError(f"{where}: {field} on an ensemble is not supported",
+                              param=field)
+    versions = sorted(int(p.name) for p in home.iterdir() if p.is_dir() and p.name.isdigit())
+    if not config.HasField("version_policy"):
+        config.version_policy.latest.num_versions = 1
+    steps = [{"model": s.model_name, "version": s.model_version,
+              "input_map": dict(s.input_map), "output_map": dict(s.output_map)}
+             for s in config.ensemble_scheduling.step]
+    return {"name": config.name, "runtime": "ensemble",
+            "version": str(versions[-1]) if versions else "1",
+            "max_batch_size": config.max_batch_size, "cache": False,
+            "options": {"steps": steps,
+                        "inputs": [_declared(i, pb, where) for i in config.input],
+                        "outputs": [_declared(o, pb, where) for o in config.output],
+                        "triton_config": to_json(config)}}
+
+
 def _versions(home: Path, config: Any, where: str) -> dict[str, Path]:
     """The versions to serve (by ``version_policy``), each with its model file."""
-    have = sorted((int(p.name) for p in home.iterdir() if p.is_dir() and p.name.isdigit()))
+    have = sorted(int(p.name) for p in home.iterdir() if p.is_dir() and p.name.isdigit())
     if not have:
         raise ConfigError(f"{where}: no version directory (a model's file goes in "
                           f"{home}/<version>/{config.default_model_filename})",

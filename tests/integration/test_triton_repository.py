@@ -54,6 +54,21 @@ input [ { name: "float_input", data_type: TYPE_FP32, dims: [ -1, 10 ] } ]
 output [ { name: "variable", data_type: TYPE_FP32, dims: [ -1, 1 ] } ]
 instance_group [ { kind: KIND_GPU } ]
 """
+ENSEMBLE_CONFIG = """
+name: "iris_ensemble"
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "raw", data_type: TYPE_FP32, dims: [ 4 ] } ]
+output [ { name: "probs", data_type: TYPE_FP32, dims: [ 3 ] } ]
+ensemble_scheduling { step [
+  { model_name: "iris_scaler", model_version: -1,
+    input_map { key: "float_input" value: "raw" },
+    output_map { key: "variable" value: "scaled" } },
+  { model_name: "iris_scaled", model_version: -1,
+    input_map { key: "float_input" value: "scaled" },
+    output_map { key: "probabilities" value: "probs" } }
+] }
+"""
 PARTIAL_CONFIG = """
 backend: "onnxruntime"
 dynamic_batching { }
@@ -86,6 +101,7 @@ def _put(root: Path, name: str, config: str | None, versions: dict[int, bytes]) 
 def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from sklearn.datasets import load_diabetes, load_iris
     from sklearn.linear_model import LinearRegression, LogisticRegression
+    from sklearn.preprocessing import StandardScaler
     from sklearn.tree import DecisionTreeClassifier
 
     x, y = load_iris(return_X_y=True)
@@ -98,6 +114,13 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # No config.pbtxt at all, the default ZipMap output: auto-completed from the graph.
     _put(root, "iris_zipmap", None, {1: _onnx(LogisticRegression(max_iter=500).fit(x, y),
                                               4, zipmap=True)})
+    # An ensemble: a scaler, then a classifier trained on the scaled features.
+    scaler = StandardScaler().fit(x)
+    _put(root, "iris_scaler", "max_batch_size: 8\n", {1: _onnx(scaler, 4, None)})
+    _put(root, "iris_scaled", "max_batch_size: 8\n",
+         {1: _onnx(LogisticRegression(max_iter=500).fit(scaler.transform(x), y), 4)})
+    _put(root, "iris_ensemble", ENSEMBLE_CONFIG, {1: b""})
+    (root / "iris_ensemble" / "1" / "model.onnx").unlink()  # an ensemble's version: empty
     _put(root, "diabetes", DIABETES_CONFIG, {1: _onnx(LinearRegression().fit(dx, dy), 10, None)})
     # A partial config.pbtxt (no inputs, outputs, max_batch_size): completed too.
     _put(root, "diabetes_partial", PARTIAL_CONFIG,
@@ -219,6 +242,43 @@ def test_autocompleted_zipmap_and_unbatched_models_answer_as_onnxruntime(
     np.testing.assert_allclose(result.as_numpy("variable"), want["variable"], rtol=1e-5)
 
 
+def test_ensemble_runs_its_steps_in_order(client: Any, repo: Path) -> None:
+    from sklearn.datasets import load_iris
+
+    x = load_iris().data[::20].astype(np.float32)  # 8 rows
+    import tritonclient.http as httpclient
+
+    inp = httpclient.InferInput("raw", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x)
+    result = client.infer("iris_ensemble", [inp])
+    scaled = _ort(repo / "iris_scaler" / "1" / "model.onnx", {"float_input": x})["variable"]
+    want = _ort(repo / "iris_scaled" / "1" / "model.onnx", {"float_input": scaled})
+    np.testing.assert_allclose(result.as_numpy("probs"), want["probabilities"], rtol=1e-6,
+                               atol=1e-7)
+    config = client.get_model_config("iris_ensemble")
+    assert config["platform"] == "ensemble"
+    assert [s["model_name"] for s in config["ensemble_scheduling"]["step"]] == \
+        ["iris_scaler", "iris_scaled"]
+    meta = client.get_model_metadata("iris_ensemble")
+    assert meta["inputs"][0]["shape"] == [-1, 4] and meta["outputs"][0]["name"] == "probs"
+
+
+def test_ensemble_naming_a_tensor_no_step_makes_is_refused(tmp_path: Path, repo: Path) -> None:
+    import shutil
+
+    root = tmp_path / "r"
+    root.mkdir()
+    for name in ("iris_scaler", "iris_scaled"):
+        shutil.copytree(repo / name, root / name)
+    _put(root, "iris_ensemble", ENSEMBLE_CONFIG.replace('value: "scaled" } }',
+                                                        'value: "nowhere" } }'), {})
+    loaded = _load(root)  # the flow is checked when the ensemble is built, after its steps
+    from sokuji.repository.models import ModelRepository
+
+    with pytest.raises(ConfigError, match="reads 'scaled', which no earlier step"):
+        ModelRepository.load(loaded)
+
+
 def test_a_batch_over_max_batch_size_is_a_clear_400(client: Any) -> None:
     from tritonclient.utils import InferenceServerException
 
@@ -269,15 +329,15 @@ def test_missing_version_and_file_are_named(tmp_path: Path, iris_file: bytes) ->
     with pytest.raises(ConfigError, match="version"):
         _load(tmp_path / "a")
     _put(tmp_path / "b", "iris", 'default_model_filename: "net.onnx"\n', {1: iris_file})
-    with pytest.raises(ConfigError, match="net.onnx"):
+    with pytest.raises(ConfigError, match=r"net\.onnx"):
         _load(tmp_path / "b")
 
 
 def test_batching_config_on_a_graph_that_cannot_batch_is_refused(tmp_path: Path) -> None:
-    from sklearn.datasets import load_iris
-    from sklearn.linear_model import LogisticRegression
     from skl2onnx import convert_sklearn
     from skl2onnx.common.data_types import FloatTensorType
+    from sklearn.datasets import load_iris
+    from sklearn.linear_model import LogisticRegression
 
     x, y = load_iris(return_X_y=True)
     clf = LogisticRegression(max_iter=300).fit(x, y)
@@ -291,7 +351,8 @@ def test_batching_config_on_a_graph_that_cannot_batch_is_refused(tmp_path: Path)
 def test_interface_for_model_control(repo: Path) -> None:
     from sokuji.repository import triton_repo
 
-    assert triton_repo.names(repo) == ["diabetes", "diabetes_partial", "iris", "iris_zipmap"]
+    assert triton_repo.names(repo) == ["diabetes", "diabetes_partial", "iris", "iris_ensemble",
+                                       "iris_scaled", "iris_scaler", "iris_zipmap"]
     mc = triton_repo.model_config(repo, "iris")
     assert mc.runtime == "tensor" and mc.version == "2" and mc.max_batch_size == 8
     assert mc.options["versions"] == {"1": str(repo / "iris" / "1" / "model.onnx")}
