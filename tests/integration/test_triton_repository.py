@@ -382,3 +382,32 @@ def test_cli_flag_serves_the_repository(repo: Path, tmp_path: Path) -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=20)
+
+
+def test_warmup_data_file_and_models_beside(tmp_path: Path, iris_file: bytes) -> None:
+    warm = """max_batch_size: 4
+model_warmup [ { name: "file", batch_size: 2, inputs { key: "float_input"
+  value { data_type: TYPE_FP32, dims: [ 4 ], input_data_file: "x.bin" } } } ]
+"""
+    _put(tmp_path / "r", "iris", warm, {1: iris_file})
+    with pytest.raises(ConfigError, match=r"no file .*warmup/x\.bin"):
+        _load(tmp_path / "r")
+    (tmp_path / "r" / "iris" / "warmup").mkdir()
+    (tmp_path / "r" / "iris" / "warmup" / "x.bin").write_bytes(
+        np.ones((2, 4), dtype="<f4").tobytes())
+    toml = tmp_path / "sokuji.toml"
+    toml.write_text(f'model_repository = "{tmp_path / "r"}"\n'
+                    '[[models]]\nname = "s"\nruntime = "synthetic"\n')
+    loaded = cfg.load(toml, env={})
+    assert [m.name for m in loaded.models] == ["s", "iris"]
+    (iris,) = [m for m in loaded.models if m.name == "iris"]
+    (sample,) = iris.options["warmup"]
+    assert sample["inputs"]["float_input"]["fill"] == "file" and sample["batch_size"] == 2
+    from sokuji.repository.models import ModelRepository
+
+    repo = ModelRepository.load(loaded)  # the warm-up sample runs at load: its shape fits
+    try:
+        assert repo.get("iris").served.metadata.inputs[0].shape == (-1, 4)
+    finally:
+        for m in repo.every():
+            m.served.close()
