@@ -351,7 +351,7 @@ def _check(config: ServerConfig) -> ServerConfig:
     model's options, by the kind its ``runtime`` names (``repository/registry.py``)."""
     seen: set[str] = set()
     for i, m in enumerate(config.models):
-        at = f"models[{i}]"
+        at = model_key(config, i)
         kind = registry.get(m.runtime, f"{at}.runtime")
         if m.max_batch_size == 0 and not kind.unbatched:
             raise ConfigError.for_key(f"{at}.max_batch_size", 0,
@@ -389,6 +389,15 @@ def _check(config: ServerConfig) -> ServerConfig:
                                   f"must be at least max_request_bytes "
                                   f"({config.max_request_bytes})")
     return config
+
+
+def model_key(config: ServerConfig, i: int) -> str:
+    """Where ``models[i]`` sits, as errors name it: ``model_repository.<name>`` for a model of
+    the Triton repository (translated at load, with its ``triton_config``)."""
+    m = config.models[i]
+    if config.model_repository and "triton_config" in m.options:
+        return f"model_repository.{m.name}"
+    return f"models[{i}]"
 
 
 def _check_slos(config: ServerConfig, names: set[str]) -> None:
