@@ -17,6 +17,7 @@ import dataclasses
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+from sokuji.core.limits import Limit
 from sokuji.core.model import (
     Api,
     Capacity,
@@ -45,6 +46,9 @@ class EnsembleModel(ModelBase):
         self.started = False
         self.in_flight = 0
         self.triton_config: dict[str, Any] | None = dict(options.triton_config) or None
+        self.limits = (Limit("steps", len(steps), "steps",
+                             "steps one request runs, in order; each step's model states "
+                             "and checks its own limits"),)
         lead = (-1,) if config.max_batch_size else ()
         self.metadata = ModelMetadata(
             "ensemble",
