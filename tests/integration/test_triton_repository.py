@@ -18,7 +18,7 @@ import pytest
 
 from sokuji import config as cfg
 from sokuji.errors import ConfigError
-from tests.integration.serving import free_port, sokuji_server, wait_ready
+from tests.integration.serving import free_port, wait_ready
 
 pytest.importorskip("skl2onnx")
 pytest.importorskip("tritonclient.grpc.model_config_pb2")
@@ -138,8 +138,19 @@ def _ort(path: Path, feeds: dict[str, np.ndarray]) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def server(repo: Path) -> Iterator[str]:
-    with sokuji_server(f'model_repository = "{repo}"\n') as url:
-        yield url
+    """``sokuji serve --model-repository`` (the flag; the TOML key is the same setting,
+    ``test_warmup_data_file_and_models_beside`` loads it)."""
+    port = free_port()
+    toml = repo.parent / "sokuji.toml"
+    toml.write_text(f'port = {port}\nlog_level = "warning"\ncache_dir = "{repo.parent}"\n')
+    proc = subprocess.Popen([sys.executable, "-m", "sokuji", "serve", "--config", str(toml),
+                             "--model-repository", str(repo)], stdout=subprocess.DEVNULL)
+    try:
+        wait_ready(proc, f"http://127.0.0.1:{port}/v2/health/ready")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
 
 
 @pytest.fixture(scope="module")
@@ -366,22 +377,6 @@ def test_interface_for_model_control(repo: Path) -> None:
     assert [i["name"] for i in over.options["inputs"]] == ["float_input"]
     with pytest.raises(ConfigError, match="not a Triton model configuration"):
         triton_repo.model_config(repo, "iris", '{"max_batch_size": "many"}')
-
-
-def test_cli_flag_serves_the_repository(repo: Path, tmp_path: Path) -> None:
-    import tritonclient.http as httpclient
-
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "sokuji", "serve", "--model-repository",
-                             str(repo), "--port", str(port), "--cache-dir", str(tmp_path),
-                             "--log-level", "warning"], stdout=subprocess.DEVNULL)
-    try:
-        wait_ready(proc, f"http://127.0.0.1:{port}/v2/health/ready")
-        client = httpclient.InferenceServerClient(f"127.0.0.1:{port}")
-        assert client.get_model_metadata("iris_zipmap")["name"] == "iris_zipmap"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=20)
 
 
 def test_warmup_data_file_and_models_beside(tmp_path: Path, iris_file: bytes) -> None:
