@@ -69,7 +69,8 @@ def table(root: str | Path, name: str, override: str | dict[str, Any] | None = N
     if not home.is_dir():
         raise ConfigError(f"model repository {root}: no model '{name}' (no directory {home})",
                           param="model_repository")
-    where = f"model '{name}' ({home / CONFIG_FILE})"
+    where = f"model '{name}' ({home / CONFIG_FILE})" if (home / CONFIG_FILE).is_file() \
+        else f"model '{name}' ({home}, no {CONFIG_FILE})"
     config = _parse(home, override, where)
     if config.name and config.name != name:
         raise ConfigError(f"{where}: name '{config.name}' must be the model's directory "
