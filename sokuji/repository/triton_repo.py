@@ -35,7 +35,9 @@ def model_config(root: Path, name: str, override: str | dict[str, Any] | None = 
     at = f"model_repository '{name}'"
     model = config_errors.convert(table, ModelConfig, at)
     kind = registry.get(model.runtime, f"{at}.runtime")
-    kind.check(model, kind.parse(model, at), at, ServerConfig(models=(model,)))
+    # Checked beside the repository's other models (an ensemble's steps name them).
+    others = tuple(ModelConfig(name=n, runtime="tensor") for n in names(root) if n != name)
+    kind.check(model, kind.parse(model, at), at, ServerConfig(models=(model, *others)))
     return model
 
 

@@ -375,6 +375,9 @@ def test_interface_for_model_control(repo: Path) -> None:
                                                    "version_policy": {"latest": {}}})
     assert over.max_batch_size == 2 and "versions" not in over.options
     assert [i["name"] for i in over.options["inputs"]] == ["float_input"]
+    ensemble = triton_repo.model_config(repo, "iris_ensemble")
+    assert ensemble.runtime == "ensemble"
+    assert [st["model"] for st in ensemble.options["steps"]] == ["iris_scaler", "iris_scaled"]
     with pytest.raises(ConfigError, match="not a Triton model configuration"):
         triton_repo.model_config(repo, "iris", '{"max_batch_size": "many"}')
 
