@@ -205,8 +205,8 @@ def test_url_passwords_are_masked_in_any_value() -> None:
     ('[[models]]\nname="m"\nruntime="synthetic"\npath=5\n',
      "Config 'models[0].path' has value 5: not a string"),
     ('[[models]]\nname="m"\nruntime="tensorflow"\n',
-     "Config 'models[0].runtime' has value 'tensorflow': must be one of: onnx, tensor, synthetic, "
-     "llama, ocr, vad, classifier, upstream, router, pipeline"),
+     "Config 'models[0].runtime' has value 'tensorflow': must be one of: onnx, tensor, "
+     "synthetic, llama, ocr, vad, classifier, upstream, router, pipeline, ensemble"),
     ('[[models]]\nname="m"\nbatching="random"\n',
      "Config 'models[0].batching' has value 'random': must be length or fifo"),
     ('[[models]]\nname="a/b"\nruntime="synthetic"\n',
