@@ -1,5 +1,6 @@
 """A tensor model served under the model contract: any ONNX graph's named tensors in and out,
-over a ``TensorRuntime`` and the encoders' dynamic batcher (``kinds/encoder/model.py``).
+over a ``TensorRuntime`` and its own dynamic batcher (``BatchedModel``,
+``kinds/encoder/model.py``).
 
 - ``from_tensors`` checks each input against the model before anything is queued, and
   refuses with 400 naming the input, what it expects and what it got: the rank (a ``[N, 1]``
@@ -34,7 +35,7 @@ from sokuji.core.model import Api, ModelMetadata, Report, RequestContext
 from sokuji.core.request import Prepared
 from sokuji.core.tensor import BYTES, InferRequest, Tensor
 from sokuji.errors import InvalidInput
-from sokuji.kinds.encoder.model import EncoderModel
+from sokuji.kinds.encoder.model import BatchedModel
 
 INFER = frozenset({Api.INFER})
 
@@ -52,12 +53,11 @@ class Shapes:
     """Output name -> the served shape past the batch dimension, where it differs."""
 
 
-class TensorModel(EncoderModel):
+class TensorModel(BatchedModel):
     """``runtime``: a ``TensorRuntime`` (loaded); ``metadata``: the served tensors."""
 
     def __init__(self, config: Any, runtime: Any, batcher: Any, metadata: ModelMetadata,
                  shapes: Shapes, limits: tuple[Limit, ...]) -> None:
-        # (EncoderModel's own __init__ reads a text model's limits: not called)
         self.config = config
         self.runtime = runtime
         self.batcher = batcher
