@@ -83,14 +83,15 @@ class Source:
     what: str = "the server's config"
 
 
-def config_source(config: ServerConfig) -> Source:
+def config_source(config: ServerConfig, keep: Callable[[ModelConfig], bool] = lambda mc: True
+                  ) -> Source:
     """The models of the server's config (``[[models]]``, ``[[pipelines]]``, the built-in
-    ones), as the config holds them: a load builds one again from its entry, re-reading its
-    files (a new ``model.onnx`` at the same path is picked up). An override sets the Triton
-    fields that have a ``[[models]]`` key (``override_config``)."""
+    ones) that ``keep`` keeps, as the config holds them: a load builds one again from its
+    entry, re-reading its files (a new ``model.onnx`` at the same path is picked up). An
+    override sets the Triton fields that have a ``[[models]]`` key (``override_config``)."""
 
     def entries() -> dict[str, ModelConfig]:
-        return {mc.name: mc for _, mc in defaults.entries(config)}
+        return {mc.name: mc for _, mc in defaults.entries(config) if keep(mc)}
 
     def resolve(name: str, override: Override) -> ModelConfig:
         mc = entries().get(name)
@@ -101,20 +102,26 @@ def config_source(config: ServerConfig) -> Source:
     return Source(lambda: list(entries()), resolve)
 
 
-def source_for(config: ServerConfig) -> Source:
-    """The one place that says where a server's models come from. Once the config has a
-    Triton model repository (``model_repository``, ``repository/triton_repo.py``), its models
-    are served beside the config's, through ``triton_repo.names`` / ``model_config``."""
-    root = getattr(config, "model_repository", None)
-    if not root:
-        return config_source(config)
-    import importlib
+def repository_source(root: Path) -> Source:
+    """The models of a Triton model repository (``repository/triton_repo.py``), read again
+    at each look: a load reads the model's ``config.pbtxt`` and version directories as they
+    are now (a new version dropped in is the one loaded); an override is a whole Triton
+    config used in place of ``config.pbtxt``, as Triton's load API takes it."""
+    from sokuji.repository import triton_repo
 
-    triton_repo: Any = importlib.import_module("sokuji.repository.triton_repo")
-    return chain(config_source(config),
-                 Source(lambda: list(triton_repo.names(Path(root))),
-                        lambda n, o: triton_repo.model_config(Path(root), n, o),
-                        f"the model repository {root}"))
+    return Source(lambda: list(triton_repo.names(root)),
+                  lambda name, override: triton_repo.model_config(root, name, override),
+                  f"the model repository {root}")
+
+
+def source_for(config: ServerConfig) -> Source:
+    """The one place that says where a server's models come from: its config's, and with
+    ``model_repository`` the repository's (the config holds those as they were at start,
+    ``options.triton_config`` set; they are read from the repository instead)."""
+    if not config.model_repository:
+        return config_source(config)
+    return chain(repository_source(Path(config.model_repository)),
+                 config_source(config, lambda mc: "triton_config" not in mc.options))
 
 
 def chain(*sources: Source) -> Source:

@@ -300,3 +300,58 @@ async def test_poll_loads_a_model_file_dropped_at_the_same_path(
     finally:
         await control.stop()
         await repo.stop()
+
+
+async def test_a_triton_repository_new_version_and_new_model(
+        tmp_path: Path, models: dict[str, Any]) -> None:
+    """In process, over a Triton model repository (``model_repository``): a version dropped
+    into the model's directory is what the next load serves (version 2, its answers); the
+    poll loads a model directory added and unloads one removed."""
+    import asyncio
+    import shutil
+
+    from sokuji import config as cfg
+    from sokuji.core.model import RequestContext
+    from sokuji.core.request import Priority
+    from sokuji.repository.control import ModelControl, source_for
+    from sokuji.repository.models import ModelRepository
+
+    x, labels, files = models["x"], models["labels"], models["files"]
+    root = tmp_path / "repo"
+    (root / "iris" / "1").mkdir(parents=True)
+    (root / "iris" / "config.pbtxt").write_text('backend: "onnxruntime"\nmax_batch_size: 8\n')
+    (root / "iris" / "1" / "model.onnx").write_bytes(files["a"])
+    toml = tmp_path / "sokuji.toml"
+    toml.write_text(f'model_repository = "{root}"\nbuiltin_pipelines = false\n'
+                    f'dashboard = false\ncache_dir = "{tmp_path}"\n')
+    config = cfg.load(toml, env={})
+    repo = await asyncio.to_thread(ModelRepository.load, config)
+    repo.start()
+    control = ModelControl(config, repo, source_for(config), drain_s=5.0)
+    ctx = RequestContext(tenant="t", priority=Priority.INTERACTIVE, deadline_ns=None,
+                         arrival_ns=0)
+
+    async def answer(name: str) -> np.ndarray:
+        served = repo.get_ready(name).served
+        out = await served.submit(await served.prepare({"X": x[:8]}, ctx), ctx).result()
+        return np.asarray(out["label"]).reshape(-1)
+
+    try:
+        assert repo.models["iris"].version == "1"
+        assert np.array_equal(await answer("iris"), labels["a"][:8])
+        (root / "iris" / "2").mkdir()
+        (root / "iris" / "2" / "model.onnx").write_bytes(files["b"])
+        new = await control.load("iris")
+        assert new.version == "2" and repo.models["iris"] is new
+        assert np.array_equal(await answer("iris"), labels["b"][:8])
+        shutil.copytree(root / "iris", root / "iris_copy")
+        assert await control.poll_once() == ["iris_copy"]
+        assert np.array_equal(await answer("iris_copy"), labels["b"][:8])
+        shutil.rmtree(root / "iris_copy")
+        assert await control.poll_once() == ["iris_copy"]
+        assert "iris_copy" not in repo.models
+        index = {e["name"]: e["state"] for e in await control.index()}
+        assert index == {"iris": "READY", "iris_copy": "UNAVAILABLE"}
+    finally:
+        await control.stop()
+        await repo.stop()
