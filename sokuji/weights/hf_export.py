@@ -18,11 +18,13 @@ attention, a padded dummy batch so that no mask shortcut is traced in), as the b
 and MPNet always were: ``minilm.export`` is this module's ``export_onnx``.
 
 The check runs transformers (torch, the model's default attention) on ``SENTENCES`` (short,
-long, non-Latin, empty, one past the model's window), pools the hidden states in NumPy as
-sentence-transformers does, and runs the exported graph through ``OnnxEncoderRuntime`` itself
-on the copied ``tokenizer.json``: the tokenizer, the padding and the truncation the server
+long, non-Latin, empty, one past the model's window), each alone and unpadded, pools the
+hidden states in NumPy as sentence-transformers does, and runs the exported graph through
+``OnnxEncoderRuntime`` itself on the copied ``tokenizer.json`` (each alone, and those within
+the window as one padded batch): the tokenizer, the padding and the truncation the server
 uses. Embeddings must agree to a cosine of at least ``COSINE_TOLERANCE`` (every sentence,
-batched and one at a time), logits to ``LOGITS_TOLERANCE`` absolute.
+alone and batched) and in length to ``NORM_TOLERANCE`` relative (a cosine cannot see a
+missing or extra normalisation), logits to ``LOGITS_TOLERANCE`` absolute.
 
 Nothing is downloaded (``HF_HUB_OFFLINE=1``, ``local_files_only=True``). torch and
 transformers are imported only inside the functions that export and check; the serving path
@@ -51,6 +53,7 @@ EMBEDDING_OUTPUT = "sentence_embedding"
 LOGITS_OUTPUT = "logits"
 COSINE_TOLERANCE = 0.9999
 LOGITS_TOLERANCE = 1e-3
+NORM_TOLERANCE = 1e-3
 DEFAULT_MAX_LENGTH = 512
 _OFFSET_POSITIONS = frozenset({"roberta", "xlm-roberta", "camembert", "mpnet", "longformer",
                                "bart", "mbart"})
@@ -123,11 +126,17 @@ class Verdict:
     inputs: list[str]
     """The graph's input names, in its order."""
     per_sentence: list[float] = field(default_factory=list)
+    norm_diff: float | None = None
+    """Embeddings: the largest relative difference of a vector's length."""
 
     def line(self) -> str:
-        cmp = ">=" if self.measure == "min cosine" else "<="
-        return (f"check: {self.measure} = {self.value:.7g} over {self.sentences} sentences "
-                f"(alone and batched; tolerance {cmp} {self.tolerance:g}): "
+        cosine = self.measure == "min cosine"
+        shown = f"{self.value:.8f}" if cosine else f"{self.value:.3g}"
+        cmp = ">=" if cosine else "<="
+        norms = ("" if self.norm_diff is None else
+                 f"; max relative norm diff = {self.norm_diff:.3g} (<= {NORM_TOLERANCE:g})")
+        return (f"check: {self.measure} = {shown} over {self.sentences} sentences "
+                f"(alone and batched; tolerance {cmp} {self.tolerance:g}{norms}): "
                 + ("ok" if self.ok else "FAILED"))
 
 
@@ -378,7 +387,8 @@ def served(onnx_path: Path, tokenizer_path: Path, max_length: int,
         prepared = [runtime.preprocess([s]) for s in sentences]
         alone = np.concatenate([runtime.run_batch([p])[0] for p in prepared])
         short = [s for s, p in zip(sentences, prepared, strict=True) if p.length < max_length]
-        batched = runtime.run_batch([runtime.preprocess(short)])[0]
+        batched = (runtime.run_batch([runtime.preprocess(short)])[0] if short
+                   else alone[:0])
         inputs = list(runtime._input_names)  # as the runtime read them from the graph
     finally:
         runtime.close()
@@ -405,16 +415,21 @@ def check(ckpt: Checkpoint, onnx_path: Path, tokenizer_path: Path,
         return np.sum(a * b, axis=1)
 
     per = compare(alone, ref)
-    mask = np.asarray(in_batch)
+    mask = np.asarray(in_batch, dtype=bool)
     pick = np.maximum if classify else np.minimum
     per[mask] = pick(per[mask], compare(batched, ref[mask]))
     if classify:
         value = float(per.max())
         return Verdict("max abs logits diff", value, LOGITS_TOLERANCE, len(sentences),
                        value <= LOGITS_TOLERANCE, ref.shape[1], inputs, per.tolist())
+    # A cosine cannot see a scale: the norms must agree too (normalised or not, as declared).
+    norms = np.linalg.norm(np.asarray(alone, np.float64), axis=1)
+    want = np.linalg.norm(ref, axis=1)
+    norm_diff = float((np.abs(norms - want) / np.maximum(want, 1e-12)).max())
     value = float(per.min())
     return Verdict("min cosine", value, COSINE_TOLERANCE, len(sentences),
-                   value >= COSINE_TOLERANCE, ref.shape[1], inputs, per.tolist())
+                   value >= COSINE_TOLERANCE and norm_diff <= NORM_TOLERANCE, ref.shape[1],
+                   inputs, per.tolist(), norm_diff)
 
 
 def toml_entry(name: str, ckpt: Checkpoint, out: Path, verdict: Verdict) -> str:
@@ -427,7 +442,8 @@ def toml_entry(name: str, ckpt: Checkpoint, out: Path, verdict: Verdict) -> str:
         lines.append(f"# logits [batch, {verdict.dim}], by label id: "
                      + ", ".join(f"{i}={label}" for i, label in enumerate(ckpt.labels)))
     else:
-        lines.append(f"# {verdict.dim}-d embeddings: {ckpt.describe()}")
+        lines.append(f"# {verdict.dim}-d embeddings ({ckpt.layout}), {ckpt.pooling} pooling"
+                     + (", L2-normalised" if ckpt.normalize else ""))
     return "\n".join(lines)
 
 

@@ -8,6 +8,7 @@ compared with sentence-transformers' own ``encode``."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import os
@@ -254,6 +255,18 @@ def test_the_check_fails_against_another_checkpoint(
     assert not verdict.ok
     assert verdict.value > hf_export.LOGITS_TOLERANCE
     assert "FAILED" in verdict.line()
+
+
+def test_a_missing_normalisation_fails_the_check(
+        max_pooled: tuple[Path, Run, Path]) -> None:
+    """A cosine cannot see a scale; the norms can: the unnormalised export checked as if
+    the checkpoint declared Normalize."""
+    src, _, out = max_pooled
+    declared = dataclasses.replace(hf_export.inspect(src), normalize=True)
+    verdict = hf_export.check(declared, out / "model.onnx", out / "tokenizer.json")
+    assert verdict.value >= hf_export.COSINE_TOLERANCE  # the directions agree
+    assert verdict.norm_diff is not None and verdict.norm_diff > hf_export.NORM_TOLERANCE
+    assert not verdict.ok and "FAILED" in verdict.line()
 
 
 def test_task_forces_the_layout(classifier_dir: Path, tmp_path: Path) -> None:
