@@ -58,11 +58,16 @@ DEFAULT_MAX_LENGTH = 512
 _OFFSET_POSITIONS = frozenset({"roberta", "xlm-roberta", "camembert", "mpnet", "longformer",
                                "bart", "mbart"})
 """Model types whose position table starts after the padding index (514 rows, 512 usable)."""
-_ST_TYPES = {
-    "sentence_transformers.models.Transformer": "transformer",
-    "sentence_transformers.models.Pooling": "pooling",
-    "sentence_transformers.models.Normalize": "normalize",
-}
+_ST_MODULES = {"Transformer": "transformer", "Pooling": "pooling", "Normalize": "normalize"}
+"""sentence-transformers modules the graph can hold, by class name: modules.json names them
+``sentence_transformers.models.Pooling`` (before 5.x) or by their new homes
+(``sentence_transformers.sentence_transformer.modules.pooling.Pooling``)."""
+_LEGACY_POOLING = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls",
+                   "pooling_mode_max_tokens": "max",
+                   "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
+                   "pooling_mode_weightedmean_tokens": "weightedmean",
+                   "pooling_mode_lasttoken": "lasttoken"}
+
 
 SENTENCES = (
     "The cat sat on the mat.",
@@ -208,22 +213,24 @@ def _sentence_transformers(root: Path) -> tuple[Path, str, bool, int | None]:
         raise ConfigError.for_key("export", str(root / "modules.json"), "not a list of modules")
     kinds: dict[str, Path] = {}
     for m in modules:
-        kind = _ST_TYPES.get(str(m.get("type", ""))) if isinstance(m, dict) else None
+        ref = str(m.get("type", "")) if isinstance(m, dict) else ""
+        kind = (_ST_MODULES.get(ref.rsplit(".", 1)[-1])
+                if ref.startswith("sentence_transformers.") else None)
         if kind is None:
             raise ConfigError.for_key(
                 "export", str(root / "modules.json"),
                 f"module {m!r} is not one the exporter can put in the graph "
-                f"(supported: {', '.join(_ST_TYPES)})")
+                f"(supported: sentence-transformers' {', '.join(_ST_MODULES)})")
         kinds[kind] = root / str(m.get("path", ""))
     if "transformer" not in kinds:
         raise ConfigError.for_key("export", str(root / "modules.json"), "no Transformer module")
     pooling = "mean"
     if "pooling" in kinds:
         cfg = _read_json(kinds["pooling"] / "config.json")
-        modes = [k[len("pooling_mode_"):] for k, v in cfg.items()
-                 if k.startswith("pooling_mode_") and v is True]
-        modes = [{"mean_tokens": "mean", "cls_token": "cls", "max_tokens": "max"}.get(m, m)
-                 for m in modes]
+        mode = cfg.get("pooling_mode") if isinstance(cfg, dict) else None
+        if mode is None and isinstance(cfg, dict):  # before sentence-transformers 5.x
+            mode = [name for key, name in _LEGACY_POOLING.items() if cfg.get(key) is True]
+        modes = [mode] if isinstance(mode, str) else list(mode or ())
         if len(modes) != 1 or modes[0] not in POOLINGS:
             raise ConfigError.for_key(
                 "export", str(kinds["pooling"] / "config.json"),

@@ -286,6 +286,31 @@ def test_cls_pooling_is_honoured(tmp_path: Path) -> None:
     assert run.measured() >= hf_export.COSINE_TOLERANCE
 
 
+def test_a_directory_saved_by_sentence_transformers_itself(tmp_path: Path) -> None:
+    """The installed sentence-transformers' own save (its module names and pooling config
+    are not the older ones MiniLM ships), exported and compared with its encode()."""
+    from sentence_transformers import SentenceTransformer, models
+
+    from sokuji.runtimes.onnx import OnnxEncoderRuntime
+
+    base = tiny_bert(tmp_path / "base", classifier=False)
+    st = SentenceTransformer(modules=[models.Transformer(str(base), max_seq_length=64),
+                                      models.Pooling(32, pooling_mode="cls"),
+                                      models.Normalize()], device="cpu")
+    st.save(str(tmp_path / "st"))
+    run = export(tmp_path / "st", "--out", tmp_path / "out")
+    assert run.rc == 0, run.out + run.err
+    assert "cls pooling, L2-normalised" in run.out
+    assert "max_sequence_length = 64" in run.entry()
+    runtime = OnnxEncoderRuntime(tmp_path / "out" / "model.onnx",
+                                 tmp_path / "out" / "tokenizer.json", max_sequence_length=64)
+    runtime.load()
+    texts = list(hf_export.SENTENCES)
+    got = runtime.run_batch([runtime.preprocess(texts)])[0]
+    reference = SentenceTransformer(str(tmp_path / "st"), device="cpu").encode(texts)
+    assert cosines(got, np.asarray(reference)).min() >= 0.9999
+
+
 def test_max_pooling_served_equals_sentence_transformers(
         max_pooled: tuple[Path, Run, Path], tmp_path: Path) -> None:
     from sentence_transformers import SentenceTransformer
