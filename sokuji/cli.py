@@ -2,7 +2,9 @@
 
   sokuji serve [--config FILE] [--host H] [--port P] [--cache-dir DIR] [--log-level L]
   sokuji serve --ray [--ray-address ADDR] [--replicas N] [...]   on Ray Serve (extra ray)
-  sokuji export minilm [--cache-dir DIR]      build the ONNX file of the built-in model now
+  sokuji export minilm|mpnet [--cache-dir DIR]   build the ONNX file of a built-in model now
+  sokuji export DIR [--out OUT] [--task T] [--triton]   a local Hugging Face checkpoint as a
+                                              served ONNX model, checked (docs/export.md)
   sokuji models [--config FILE]               list the configured models
   sokuji bench URL (--concurrency N | --rate R) [...]   load generator (sokuji bench -h)
   sokuji bench compare A.json B.json [--threshold 10%]
@@ -43,9 +45,22 @@ def _parser() -> argparse.ArgumentParser:
                        "else a local cluster")
     serve.add_argument("--replicas", type=int, help="[ray] replicas")
 
-    export = sub.add_parser("export", help="export a built-in model to ONNX")
-    export.add_argument("model", choices=[cfg.DEFAULT_MODEL_NAME])
+    export = sub.add_parser("export", help="export a built-in model, or a local Hugging Face "
+                            "checkpoint directory, to ONNX (docs/export.md)")
+    export.add_argument("model", help="minilm, mpnet, or a checkpoint directory (./minilm for "
+                        "a directory of that name)")
     export.add_argument("--cache-dir", dest="cache_dir")
+    export.add_argument("--out", help="output directory (default: under the cache dir)")
+    export.add_argument("--task", choices=["embedding", "classification"],
+                        help="force the layout (default: read from the files)")
+    export.add_argument("--name", help="the model's name in the printed entry (default: the "
+                        "directory's)")
+    export.add_argument("--max-length", dest="max_length", type=int,
+                        help="tokens the model reads (default: the checkpoint's)")
+    export.add_argument("--triton", action="store_true",
+                        help="also write <out>/<name>/config.pbtxt + 1/model.onnx")
+    export.add_argument("--max-batch-size", dest="max_batch_size", type=int, default=32,
+                        help="the Triton config's max_batch_size (default 32)")
 
     models = sub.add_parser("models", help="list the configured models")
     models.add_argument("--config")
@@ -66,6 +81,36 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("cache", help="fit a semantic cache's threshold: sokuji cache calibrate -h",
                    add_help=False)
     return p
+
+
+BUILTIN_EXPORTS = (cfg.DEFAULT_MODEL_NAME, "mpnet")
+
+
+def _export(args: argparse.Namespace) -> int:
+    """A built-in name alone: its cached ONNX file (built if missing), as ever. A directory
+    (or a built-in name with --out/--task/--triton: its checkpoint): ``hf_export.run``."""
+    from pathlib import Path
+
+    config = cfg.load(overrides={"cache_dir": args.cache_dir})
+    general = (args.out, args.task, args.triton, args.name, args.max_length)
+    source: str | Path = args.model
+    if args.model in BUILTIN_EXPORTS:
+        from sokuji.weights import minilm, mpnet
+
+        if not any(general):
+            print(minilm.ensure_onnx(config.cache_dir) if args.model == cfg.DEFAULT_MODEL_NAME
+                  else mpnet.ensure_onnx(config.cache_dir))
+            return 0
+        source = (minilm.package_model_dir() if args.model == cfg.DEFAULT_MODEL_NAME
+                  else mpnet.ensure_dir(config.cache_dir))
+    from sokuji.weights import hf_export
+
+    return hf_export.run(source, out=Path(args.out) if args.out else None,
+                         cache_dir=config.cache_dir, task=args.task,
+                         name=args.name or (args.model if args.model in BUILTIN_EXPORTS
+                                            else None),
+                         triton=args.triton, max_length=args.max_length,
+                         max_batch_size=args.max_batch_size)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -187,11 +232,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "serve":
             return _serve(args)
         if args.command == "export":
-            from sokuji.weights import minilm
-
-            config = cfg.load(overrides={"cache_dir": args.cache_dir})
-            print(minilm.ensure_onnx(config.cache_dir))
-            return 0
+            return _export(args)
         if args.command == "models":
             for m in cfg.load(args.config).models:
                 print(f"{m.name}\truntime={m.runtime}\tversion={m.version}\t"

