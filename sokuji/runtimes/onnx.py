@@ -36,6 +36,11 @@ WHOLE_FACTOR = 4
 """A text whose cut cannot be kept is tokenised whole up to this many times ``cut_chars``."""
 
 
+class NotATextEncoder(ConfigError):
+    """The graph is not a text encoder's (no ``input_ids`` / ``attention_mask``): the
+    ``onnx`` kind serves it as a tensor model instead, where it may."""
+
+
 def auto_threads() -> int:
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                else (os.cpu_count() or 1))
@@ -77,8 +82,10 @@ class OnnxEncoderRuntime:
                                       f"ONNX Runtime cannot load it: {exc}") from exc
         names = tuple(i.name for i in self._session.get_inputs())
         if "input_ids" not in names or "attention_mask" not in names:
-            raise ConfigError.for_key("path", str(self.model_path),
-                                      f"expected inputs input_ids and attention_mask, got {names}")
+            self._session = None
+            raise NotATextEncoder.for_key(
+                "path", str(self.model_path), f"expected inputs input_ids and attention_mask, "
+                f"got {names}: not a text encoder (serve it as runtime = \"tensor\")")
         self._input_names = names
         output = self._session.get_outputs()[0]
         self._output_name = output.name

@@ -420,6 +420,26 @@ def encode_outputs(outputs: Sequence[Tensor], wanted: Mapping[str, bool]
     return docs, blobs
 
 
+def _finite(out: dict[str, Any]) -> bool:
+    """Whether an output's JSON data holds no NaN or infinity (orjson would write null)."""
+    data = out.get("data")
+    return not (isinstance(data, np.ndarray) and data.dtype.kind == "f"
+                and not np.isfinite(data).all())
+
+
+def _with_non_finite(doc: dict[str, Any]) -> bytes:
+    """A response whose JSON data holds NaN or infinity, written as the ``NaN``,
+    ``Infinity`` and ``-Infinity`` tokens Triton writes and Python's (and tritonclient's)
+    JSON reader takes: the values as the model computed them, never null or an error."""
+    import json
+
+    def plain(value: Any) -> Any:
+        return value.tolist() if isinstance(value, np.ndarray) else value
+
+    outputs = [{k: plain(v) for k, v in o.items()} for o in doc["outputs"]]
+    return json.dumps({**doc, "outputs": outputs}, separators=(",", ":")).encode()
+
+
 def encode_infer(model_name: str, version: str, request_id: str,
                  outputs: Sequence[Tensor], wanted: Mapping[str, bool]
                  ) -> tuple[bytes, dict[str, str]]:
@@ -428,7 +448,8 @@ def encode_infer(model_name: str, version: str, request_id: str,
     if request_id:
         doc["id"] = request_id
     doc["outputs"], blobs = encode_outputs(outputs, wanted)
-    head = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
+    head = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY) \
+        if all(_finite(o) for o in doc["outputs"]) else _with_non_finite(doc)
     if not blobs:
         return head, {"content-type": "application/json"}
     return b"".join([head, *blobs]), {"content-type": "application/octet-stream",

@@ -29,6 +29,20 @@ class EncoderKind(Kind):
             raise ConfigError.for_key(f"{at}.path", model.path, "no such file")
 
     def build(self, model: ModelConfig, options: Any, env: BuildEnv) -> Built:
+        from sokuji.runtimes.onnx import NotATextEncoder
+
+        try:
+            return self._build(model, env)
+        except NotATextEncoder:
+            if model.tokenizer is not None or model.variant != "fp32":
+                raise
+        # Any other graph (a classifier, a detector): its tensors as they are (kind tensor).
+        from sokuji.kinds.tensor.kind import TensorOptions, build_model
+
+        log.info("model %s: not a text encoder's graph: served as runtime tensor", model.name)
+        return Built(build_model(model, TensorOptions(), env))
+
+    def _build(self, model: ModelConfig, env: BuildEnv) -> Built:
         served, files = variants.resolve(model, env.server)
         loaded: dict[str, EncoderModel] = {}
         for name in (served, *sorted(set(files) - {served})):
