@@ -15,7 +15,8 @@ over a ``TensorRuntime`` and the encoders' dynamic batcher (``kinds/encoder/mode
   its rank: it is padded).
 - ``to_tensors`` gives every output the graph computed, NaN and Inf as they are, in the
   model's order (the codec sends those the request asked for); a declared output
-  ``reshape`` is applied back.
+  ``reshape`` is applied back. A request the graph failed on inside a batch (its batch
+  mates answered) raises its own error here (``runtimes/tensor.py``'s ``Failed``).
 - ``identity`` (the response cache): each input's name, datatype, shape and a SHA-256 of its
   bytes, so two requests share an answer only for the same tensors.
 """
@@ -35,6 +36,7 @@ from sokuji.core.request import Prepared
 from sokuji.core.tensor import BYTES, InferRequest, Tensor
 from sokuji.errors import InvalidInput
 from sokuji.kinds.encoder.model import EncoderModel
+from sokuji.runtimes.tensor import Failed
 
 INFER = frozenset({Api.INFER})
 
@@ -74,6 +76,11 @@ class TensorModel(EncoderModel):
     @property
     def batched(self) -> bool:
         return self.shapes.max_batch_size > 0
+
+    @property  # type: ignore[override]
+    def batches(self) -> bool:
+        """Batched in Triton's sense (its configuration's ``max_batch_size`` and dims)."""
+        return self.batched
 
     def from_tensors(self, request: InferRequest) -> dict[str, np.ndarray]:
         feeds: dict[str, np.ndarray] = {}
@@ -130,7 +137,10 @@ class TensorModel(EncoderModel):
         return Prepared(data=inputs, num_items=rows, length=per_row, num_tokens=0,
                         group=group)
 
-    def to_tensors(self, result: dict[str, np.ndarray], report: Report) -> list[Tensor]:
+    def to_tensors(self, result: dict[str, np.ndarray] | Failed, report: Report
+                   ) -> list[Tensor]:
+        if isinstance(result, Failed):  # the graph failed on this request (its batch ran)
+            raise result.error
         out: list[Tensor] = []
         reshape = self.shapes.output_reshape or {}
         for spec in self._out_specs:
