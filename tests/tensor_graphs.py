@@ -134,6 +134,19 @@ def write_reshape(directory: Path) -> Path:
     return _save(graph, directory / "reshape.onnx")
 
 
+def write_double(directory: Path, name: str = "double.onnx") -> Path:
+    """``x`` FP32 ``[batch, n]`` -> ``y`` = x + x: the hostile suite's tensor model
+    (``tests/data/tensor/double.onnx`` is this graph, written by ``python -m
+    tests.tensor_graphs``)."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "x"], ["y"])], "double",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "n"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "n"])])
+    return _save(graph, directory / name)
+
+
 def write_fixed(directory: Path) -> Path:
     """``x`` FP32 ``[2, 4]`` (no dynamic batch dimension) -> ``y`` = x * 2: served
     unbatched, each request as the graph takes it."""
@@ -192,3 +205,7 @@ def sample(datatype: str, shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
         values = rng.integers(info.min, info.max, n, dtype=dtype, endpoint=True)
         values[:2] = [info.min, info.max][: min(2, n)]
     return values.reshape(shape)
+
+
+if __name__ == "__main__":  # the committed graph of the hostile suite
+    write_double(Path(__file__).parent / "data" / "tensor")
