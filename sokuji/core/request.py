@@ -8,10 +8,9 @@ histograms and any trace are all derived from this one object.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
-
 import enum
 import time
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 

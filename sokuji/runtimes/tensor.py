@@ -52,7 +52,7 @@ V2_OF_ORT = {
 ZIPMAP = "seq(map("
 """skl2onnx's ZipMap output type prefix: ``seq(map(int64,tensor(float)))``."""
 
-__all__ = ["Failed", "GraphTensor", "Options", "TensorRuntime", "V2_OF_ORT"]
+__all__ = ["V2_OF_ORT", "Failed", "GraphTensor", "Options", "TensorRuntime"]
 
 
 @dataclass(frozen=True)

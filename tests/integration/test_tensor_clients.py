@@ -157,8 +157,10 @@ def test_concurrent_requests_form_batches_and_match_ort_alone(server: str,
     for i, (model, feeds) in enumerate(jobs):
         want = ort(paths[model.removesuffix("_raw")], feeds)
         for name, value in answers[i].items():
-            if model == "arith":  # elementwise and row sums: the same in any batch
+            if model == "arith" and name != "total":  # elementwise: the same in any batch
                 np.testing.assert_array_equal(value, want[name], err_msg=f"{i} {name}")
+            elif model == "arith":  # a row sum: its order is the kernel's, by batch size
+                np.testing.assert_allclose(value, want[name], rtol=1e-6, atol=1e-6)
             else:
                 assert value.shape == want[name].shape
                 worst = max(worst, float(np.abs(value - want[name]).max()))

@@ -67,6 +67,8 @@ class TensorModel(EncoderModel):
         self.limits = limits
         self.metadata = metadata
         self.shapes = shapes
+        self.batches = shapes.max_batch_size > 0
+        """Batched in Triton's sense (its configuration's ``max_batch_size`` and dims)."""
         self._elements = next(x for x in limits if x.key == "options.max_elements")
         self._specs = {t.name: t for t in metadata.inputs}
         self._out_specs = metadata.outputs
@@ -77,12 +79,8 @@ class TensorModel(EncoderModel):
     def batched(self) -> bool:
         return self.shapes.max_batch_size > 0
 
-    @property  # type: ignore[override]
-    def batches(self) -> bool:
-        """Batched in Triton's sense (its configuration's ``max_batch_size`` and dims)."""
-        return self.batched
-
-    def from_tensors(self, request: InferRequest) -> dict[str, np.ndarray]:
+    def from_tensors(self, request: InferRequest  # type: ignore[override]
+                     ) -> dict[str, np.ndarray]:
         feeds: dict[str, np.ndarray] = {}
         batch = None
         elements = 0
@@ -128,7 +126,8 @@ class TensorModel(EncoderModel):
             array = array.reshape((*lead, *graph))
         return array
 
-    async def prepare(self, inputs: dict[str, np.ndarray], ctx: RequestContext) -> Prepared:
+    async def prepare(self, inputs: dict[str, np.ndarray],  # type: ignore[override]
+                      ctx: RequestContext) -> Prepared:
         first = next(iter(inputs.values()))
         rows = int(first.shape[0]) if self.batched and first.ndim else 1
         per_row = max(1, max(a.size for a in inputs.values()) // max(rows, 1))
@@ -157,7 +156,8 @@ class TensorModel(EncoderModel):
             out.append(Tensor(spec.name, spec.datatype, tuple(value.shape), data))
         return out
 
-    def identity(self, inputs: dict[str, np.ndarray]) -> list[str] | None:
+    def identity(self, inputs: dict[str, np.ndarray]  # type: ignore[override]
+                 ) -> list[str] | None:
         if not self.config.cache:
             return None
         parts: list[str] = []
