@@ -53,6 +53,17 @@ max_batch_size = 16
 intra_op_threads = 1
 cache = false
 options = {{ ragged = {{ input_ids = 0, attention_mask = 0, token_type_ids = 0 }} }}
+[[models]]
+name = "minilm_preferred"
+runtime = "tensor"
+path = "{paths['minilm']}"
+max_batch_size = 8
+intra_op_threads = 1
+cache = false
+warmup = false
+[models.options]
+ragged = {{ input_ids = 0, attention_mask = 0, token_type_ids = 0 }}
+preferred_batch_sizes = [2, 4]
 """) as url:
         yield url.removeprefix("http://")
 
@@ -121,6 +132,45 @@ def _batches(client: object, model: str) -> dict[int, int]:
     return {b["batch_size"]: b["compute_infer"]["count"] for b in stats["batch_stats"]}
 
 
+def _tokens(rng: np.random.Generator, n: int) -> list[dict[str, np.ndarray]]:
+    out = []
+    for i in range(n):
+        ids = rng.integers(1000, 3000, size=(1, 4 + i % 13)).astype(np.int64)
+        ids[:, 0], ids[:, -1] = 101, 102
+        out.append({"input_ids": ids, "attention_mask": np.ones_like(ids),
+                    "token_type_ids": np.zeros_like(ids)})
+    return out
+
+
+def _call(server: str, model: str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    import tritonclient.http as httpclient
+
+    client = httpclient.InferenceServerClient(url=server)
+    dt = {"float32": "FP32", "int64": "INT64"}
+    inputs = []
+    for name, array in feeds.items():
+        inp = httpclient.InferInput(name, list(array.shape), dt[array.dtype.name])
+        inp.set_data_from_numpy(array)
+        inputs.append(inp)
+    res = client.infer(model, inputs)
+    names = ["sum", "ratio", "total"] if model == "arith" else ["sentence_embedding"]
+    return {n: res.as_numpy(n) for n in names}
+
+
+def test_preferred_batch_sizes_cut_batches_back(server: str, paths: dict[str, Path]) -> None:
+    import tritonclient.http as httpclient
+
+    jobs = _tokens(np.random.default_rng(5), 40)
+    with concurrent.futures.ThreadPoolExecutor(12) as pool:
+        answers = list(pool.map(lambda f: _call(server, "minilm_preferred", f), jobs))
+    for feeds, got in zip(jobs, answers, strict=True):
+        want = ort(paths["minilm"], feeds)["sentence_embedding"]
+        np.testing.assert_allclose(got["sentence_embedding"], want, atol=MINILM_ATOL)
+    sizes = _batches(httpclient.InferenceServerClient(url=server), "minilm_preferred")
+    assert set(sizes) <= {1, 2, 4}, sizes  # never 3, 5..8: cut back to a preferred size
+    assert sum(sizes.get(k, 0) for k in (2, 4)) > 0, sizes
+
+
 def test_concurrent_requests_form_batches_and_match_ort_alone(server: str,
                                                               paths: dict[str, Path]) -> None:
     import tritonclient.http as httpclient
@@ -128,26 +178,11 @@ def test_concurrent_requests_form_batches_and_match_ort_alone(server: str,
     rng = np.random.default_rng(11)
     arith = [{"a": rng.normal(size=(1 + i % 3, 64)).astype(np.float32),
               "b": rng.normal(size=(1 + i % 3, 64)).astype(np.float32)} for i in range(48)]
-    minilm = []
-    for i in range(48):
-        ids = rng.integers(1000, 3000, size=(1, 4 + i % 13)).astype(np.int64)
-        ids[:, 0], ids[:, -1] = 101, 102
-        minilm.append({"input_ids": ids, "attention_mask": np.ones_like(ids),
-                       "token_type_ids": np.zeros_like(ids)})
+    minilm = _tokens(rng, 48)
     before = _batches(httpclient.InferenceServerClient(url=server), "minilm_raw")
 
     def call(job: tuple[str, dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-        model, feeds = job
-        client = httpclient.InferenceServerClient(url=server)
-        dt = {"float32": "FP32", "int64": "INT64"}
-        inputs = []
-        for name, array in feeds.items():
-            inp = httpclient.InferInput(name, list(array.shape), dt[array.dtype.name])
-            inp.set_data_from_numpy(array)
-            inputs.append(inp)
-        res = client.infer(model, inputs)
-        names = ["sum", "ratio", "total"] if model == "arith" else ["sentence_embedding"]
-        return {n: res.as_numpy(n) for n in names}
+        return _call(server, *job)
 
     jobs = [("arith", f) for f in arith] + [("minilm_raw", f) for f in minilm]
     order = rng.permutation(len(jobs))
