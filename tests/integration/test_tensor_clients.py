@@ -1,5 +1,6 @@
 """A real ``sokuji serve`` of tensor models driven by tritonclient.http, unchanged: infer
-with binary and JSON inputs and outputs, metadata, the Triton configuration, statistics; and
+with binary and JSON inputs and outputs, metadata, the Triton configuration, statistics;
+Triton's perf_analyzer where its binary is installed; and
 real concurrent requests (threads) that form batches, each answer compared with ONNX Runtime
 on that request alone: exactly for elementwise arithmetic, within a measured tolerance for
 MiniLM's raw tensors padded to a batch's longest row."""
@@ -8,6 +9,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
+import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -206,3 +209,32 @@ def test_concurrent_requests_form_batches_and_match_ort_alone(server: str,
     assert batched, f"no batch of more than one request formed: {after}"
     print(f"minilm raw tensors, padded in a batch vs alone: max |diff| {worst:.2e}; "
           f"batches by size: {dict(sorted(after.items()))}")
+
+
+@pytest.mark.skipif(shutil.which("perf_analyzer") is None,
+                    reason="no perf_analyzer binary: the index reachable here has only "
+                           "perf-analyzer 0.1.0, a placeholder without it")
+def test_perf_analyzer_measures_a_tensor_model(server: str, tmp_path: Path) -> None:
+    """Triton's perf_analyzer fills random inputs from the metadata and the config (the
+    dynamic width given by --shape), and reads the server-side statistics after each window."""
+    import tritonclient.http as httpclient
+
+    client = httpclient.InferenceServerClient(url=server)
+    (before,) = client.get_inference_statistics("arith")["model_stats"]
+    report = tmp_path / "perf.csv"
+    proc = subprocess.run(
+        ["perf_analyzer", "-m", "arith", "-u", server, "-i", "http", "-b", "2",
+         "--shape", "a:16", "--shape", "b:16", "--measurement-interval", "500",
+         "-p", "500", "--concurrency-range", "1:2", "-f", str(report)],
+        capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "error" not in proc.stderr.lower(), proc.stderr[-3000:]
+    rows = report.read_text().splitlines()
+    assert rows[0].startswith("Concurrency") and len(rows) == 3, rows
+    throughput = [float(r.split(",")[1]) for r in rows[1:]]
+    assert all(t > 0 for t in throughput), rows
+    (after,) = client.get_inference_statistics("arith")["model_stats"]
+    assert after["inference_stats"]["success"]["count"] > \
+        before["inference_stats"]["success"]["count"]
+    assert after["inference_stats"]["fail"]["count"] == \
+        before["inference_stats"]["fail"]["count"]
