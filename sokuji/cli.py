@@ -34,6 +34,8 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int)
     serve.add_argument("--cache-dir", dest="cache_dir")
     serve.add_argument("--log-level", dest="log_level")
+    serve.add_argument("--model-repository", dest="model_repository",
+                       help="serve every model of this Triton model repository")
     serve.add_argument("--ray", action="store_true",
                        help="run on Ray Serve: replicas of the whole server ([ray] table)")
     serve.add_argument("--ray-address", dest="ray_address",
@@ -79,7 +81,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     config = cfg.load(args.config, overrides={
         "host": args.host, "port": args.port, "cache_dir": args.cache_dir,
-        "log_level": args.log_level})
+        "log_level": args.log_level, "model_repository": args.model_repository})
     if args.ray or args.ray_address or args.replicas:
         return _serve_ray(config, args)
     logging.basicConfig(level=config.log_level.upper() if config.log_level != "trace"

@@ -235,6 +235,11 @@ class ServerConfig(_Table, frozen=True):
         ModelConfig(name=DEFAULT_VAD_NAME, runtime="vad", max_batch_size=8, max_queue_depth=64,
                     max_request_bytes=64 * 1024 * 1024))
     pipelines: tuple[PipelineConfig, ...] = ()
+    model_repository: str = ""
+    """A Triton model repository (``<dir>/<model>/config.pbtxt``, ``<model>/<version>/
+    model.onnx``): every model in it is served beside ``[[models]]`` (``docs/triton-
+    repository.md``), translated when the config loads (``load``; needs the ``repository``
+    extra). Without ``[[models]]`` in the file, only the repository's models are served."""
     feature_store_redis_url: str = ""
     """The built-in feature store's online store: SQLite under cache_dir when empty, else
     this Redis."""
@@ -311,6 +316,11 @@ def load(path: str | Path | None = None, env: Mapping[str, str] | None = None,
         if value is not None:
             raw[key] = _word(key, value)
             names.pop(key, None)
+    if raw.get("model_repository"):
+        from sokuji.repository import triton_translate
+
+        raw["models"] = [*raw.get("models", []),
+                         *triton_translate.tables(str(raw["model_repository"]))]
     return _check(_convert(raw, names))
 
 
@@ -341,7 +351,7 @@ def _check(config: ServerConfig) -> ServerConfig:
     model's options, by the kind its ``runtime`` names (``repository/registry.py``)."""
     seen: set[str] = set()
     for i, m in enumerate(config.models):
-        at = f"models[{i}]"
+        at = model_key(config, i)
         kind = registry.get(m.runtime, f"{at}.runtime")
         if m.max_batch_size == 0 and not kind.unbatched:
             raise ConfigError.for_key(f"{at}.max_batch_size", 0,
@@ -379,6 +389,15 @@ def _check(config: ServerConfig) -> ServerConfig:
                                   f"must be at least max_request_bytes "
                                   f"({config.max_request_bytes})")
     return config
+
+
+def model_key(config: ServerConfig, i: int) -> str:
+    """Where ``models[i]`` sits, as errors name it: ``model_repository.<name>`` for a model of
+    the Triton repository (translated at load, with its ``triton_config``)."""
+    m = config.models[i]
+    if config.model_repository and "triton_config" in m.options:
+        return f"model_repository.{m.name}"
+    return f"models[{i}]"
 
 
 def _check_slos(config: ServerConfig, names: set[str]) -> None:

@@ -98,7 +98,7 @@ def choose(queue: Sequence[InferenceRequest], batch_policy: BatchPolicy, max_bat
 def _cut(queue: Sequence[InferenceRequest], chosen: list[int], size: int) -> Choice:
     """``chosen`` cut back (from its end, the head kept) to at most ``size`` items."""
     kept: list[int] = []
-    items, longest = 0, 0
+    items = longest = 0
     for i in chosen:
         req = queue[i]
         if kept and items + req.num_items > size:

@@ -4,13 +4,13 @@ MiniLM and SmolLM2), each with where it sits in the config (errors name it)."""
 
 from __future__ import annotations
 
-from sokuji.config import ModelConfig, ServerConfig
+from sokuji.config import ModelConfig, ServerConfig, model_key
 from sokuji.repository import registry
 
 
 def entries(config: ServerConfig) -> list[tuple[str, ModelConfig]]:
     """Every model to build, as (config key, model config), in config order."""
-    out = [(f"models[{i}]", mc) for i, mc in enumerate(config.models)]
+    out = [(model_key(config, i), mc) for i, mc in enumerate(config.models)]
     pipelines = list(config.pipelines)
     if config.builtin_pipelines:
         from sokuji.pipelines import builtin

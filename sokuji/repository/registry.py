@@ -35,6 +35,7 @@ BUILTIN = {
     "upstream": "sokuji.kinds.upstream.kind:KIND",
     "router": "sokuji.kinds.router.kind:KIND",
     "pipeline": "sokuji.kinds.pipeline.kind:KIND",
+    "ensemble": "sokuji.kinds.ensemble.kind:KIND",
 }
 """Built-in kinds: runtime name -> ``module:attribute`` of its ``Kind``."""
 TABLES = {"pipelines": "pipeline"}

@@ -13,10 +13,14 @@
   Sokuji's stages map onto them). Versions are named as perf_analyzer expects: the model's
   configured version (``"1"``) for the variant served by default, which perf_analyzer parses
   as an integer; other variants by their names.
+- A model served from a Triton repository (``repository/triton_translate.py``) answers its
+  own completed configuration (``TensorModel.triton_config``), with Sokuji's parameters and
+  its ``limit.*`` parameters added.
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import replace
 from typing import Any
 
@@ -135,7 +139,15 @@ def model_config(model: Model, primary: Model, response_cache: bool) -> dict[str
             "priority_queue_policy": {}}
         params.update(max_batch_tokens=mc.max_batch_tokens, batching=str(mc.batching),
                       max_concurrency=mc.max_concurrency, work_conserving="true")
-    doc["parameters"] = {k: {"string_value": str(v)} for k, v in params.items()}
+    served_from = getattr(model.served, "triton_config", None)
+    if served_from:
+        # A Triton repository's model: its own completed configuration, Sokuji's parameters
+        # added to its own.
+        doc = copy.deepcopy(served_from)
+        doc["parameters"] = {**doc.get("parameters", {}),
+                             **{k: {"string_value": str(v)} for k, v in params.items()}}
+    else:
+        doc["parameters"] = {k: {"string_value": str(v)} for k, v in params.items()}
     # The cost bound (core/limits.py), as Triton's clients read parameters: one string each.
     for limit in model.served.limits:
         doc["parameters"][f"limit.{limit.key}"] = {

@@ -205,8 +205,8 @@ def test_url_passwords_are_masked_in_any_value() -> None:
     ('[[models]]\nname="m"\nruntime="synthetic"\npath=5\n',
      "Config 'models[0].path' has value 5: not a string"),
     ('[[models]]\nname="m"\nruntime="tensorflow"\n',
-     "Config 'models[0].runtime' has value 'tensorflow': must be one of: onnx, synthetic, "
-     "llama, ocr, vad, classifier, upstream, router, pipeline"),
+     "Config 'models[0].runtime' has value 'tensorflow': must be one of: onnx, tensor, "
+     "synthetic, llama, ocr, vad, classifier, upstream, router, pipeline, ensemble"),
     ('[[models]]\nname="m"\nbatching="random"\n',
      "Config 'models[0].batching' has value 'random': must be length or fifo"),
     ('[[models]]\nname="a/b"\nruntime="synthetic"\n',
@@ -275,7 +275,9 @@ def test_configs_built_in_code_are_checked_by_validate() -> None:
     model = cfg.ModelConfig(name="m", runtime="synthetic", max_batch_size=0)
     with pytest.raises(ConfigError) as err:
         cfg.validate(cfg.ServerConfig(models=(model,)))
-    assert err.value.message == "Config 'models[0].max_batch_size' has value 0: must be at least 1"
+    assert err.value.message == ("Config 'models[0].max_batch_size' has value 0: must be at "
+                                 "least 1 (0, no batch dimension, is for runtime tensor; "
+                                 "runtime synthetic batches)")
     jobs = cfg.JobsConfig(callback_allow=("10.0.0.0/33",))
     with pytest.raises(ConfigError) as err:
         cfg.validate(cfg.ServerConfig(jobs=jobs))
@@ -326,7 +328,7 @@ def test_batcher_and_engine_defaults_are_the_schemas() -> None:
     from sokuji.llm.options import LlamaOptions
 
     default = cfg.ModelConfig(name="m")
-    own = {"policy", "worker_nice", "slo"}
+    own = {"policy", "worker_nice", "slo", "preferred_batch_sizes"}  # (the last: tensor)
     assert all(getattr(BatcherConfig(), f.name) == getattr(default, f.name)
                for f in fields(BatcherConfig) if f.name not in own)
     assert BatcherConfig().policy is default.batching

@@ -81,8 +81,68 @@ def batcher_config(mc: ModelConfig, tenant_slos: Iterable[SloConfig] = ()) -> Ba
                          **{name: getattr(mc, name) for name in same})
 
 
-class EncoderModel(ModelBase):
+class BatchedModel(ModelBase):
+    """A model over a runtime and its own ``DynamicBatcher``: what every batched model
+    shares (admission, capacity, readiness, start and stop); subclasses say how a request
+    is prepared and what it answers (``EncoderModel``: texts; the tensor kind's
+    ``TensorModel``: named tensors)."""
+
     batches = True
+    config: ModelConfig
+    runtime: Any
+    batcher: DynamicBatcher
+
+    @property
+    def name(self) -> str:
+        return self.batcher.name
+
+    @property
+    def alive(self) -> bool:
+        return self.batcher.alive
+
+    @property
+    def num_waiting(self) -> int:
+        return self.batcher.num_waiting
+
+    def capacity(self) -> Capacity:
+        b = self.batcher
+        return Capacity(ready=b.alive, num_waiting=b.num_waiting, num_running=b.num_admitted
+                        - b.num_waiting, max_queue_depth=b.config.max_queue_depth,
+                        drain_per_s=b.drain_items_per_s)
+
+    def check_admission(self) -> None:
+        self.batcher.check_capacity()
+
+    def submit(self, prepared: Prepared, ctx: RequestContext) -> Submission:
+        tl = ctx.timeline if ctx.timeline is not None else Timeline(ctx.arrival_ns)
+        return self.batcher.enqueue(InferenceRequest(
+            model=self.batcher.name, payload=prepared, num_items=prepared.num_items,
+            length=prepared.length, timeline=tl, request_id=ctx.request_id,
+            priority=ctx.priority, deadline_ns=ctx.deadline_ns, tenant=ctx.tenant,
+            num_tokens=prepared.num_tokens, group=prepared.group))
+
+    def attach(self, observers: Any) -> None:
+        by_time = self.batcher.by_time
+        if by_time is not None:  # how many requests admission by time refused
+            observers.time_refusals(self.name, lambda: int(by_time.refused))
+
+    def neighbours(self, busy: Callable[[], bool]) -> None:
+        # A lone request may run on the event loop only while the other models have nothing
+        # in flight: their replies (tokens) would wait for it.
+        self.batcher.gate.others_busy = busy
+
+    def start(self) -> None:
+        self.batcher.start()
+
+    async def stop(self) -> None:
+        await self.batcher.stop()
+
+    def close(self) -> None:
+        self.runtime.close()
+
+
+class EncoderModel(BatchedModel):
+    """Texts in (one BYTES input, OpenAI embeddings), one row per text out."""
 
     def __init__(self, config: ModelConfig, runtime: Runtime, batcher: DynamicBatcher,
                  apis: frozenset[Api] = EMBEDS, limits: tuple[Limit, ...] = ()) -> None:
@@ -107,40 +167,11 @@ class EncoderModel(ModelBase):
                                  on_batch=on_batch(metric_name) if on_batch else None)
         return cls(config, runtime, batcher, apis, limits)
 
-    @property
-    def name(self) -> str:
-        return self.batcher.name
-
-    @property
-    def alive(self) -> bool:
-        return self.batcher.alive
-
-    @property
-    def num_waiting(self) -> int:
-        return self.batcher.num_waiting
-
-    def capacity(self) -> Capacity:
-        b = self.batcher
-        return Capacity(ready=b.alive, num_waiting=b.num_waiting, num_running=b.num_admitted
-                        - b.num_waiting, max_queue_depth=b.config.max_queue_depth,
-                        drain_per_s=b.drain_items_per_s)
-
-    def check_admission(self) -> None:
-        self.batcher.check_capacity()
-
     async def prepare(self, inputs: list[str], ctx: RequestContext) -> Prepared:
         self._items.check(len(inputs), "the request's texts")
         if sum(map(len, inputs)) > INLINE_MAX_CHARS:
             return await offload.run(self.runtime.preprocess, inputs)
         return self.runtime.preprocess(inputs)
-
-    def submit(self, prepared: Prepared, ctx: RequestContext) -> Submission:
-        tl = ctx.timeline if ctx.timeline is not None else Timeline(ctx.arrival_ns)
-        return self.batcher.enqueue(InferenceRequest(
-            model=self.batcher.name, payload=prepared, num_items=prepared.num_items,
-            length=prepared.length, timeline=tl, request_id=ctx.request_id,
-            priority=ctx.priority, deadline_ns=ctx.deadline_ns, tenant=ctx.tenant,
-            num_tokens=prepared.num_tokens, group=prepared.group))
 
     def from_tensors(self, request: InferRequest) -> list[str]:
         tensor = request.inputs.get(self.metadata.inputs[0].name)
@@ -153,23 +184,3 @@ class EncoderModel(ModelBase):
 
     def identity(self, inputs: list[str]) -> list[str]:
         return inputs
-
-    def attach(self, observers: Any) -> None:
-        by_time = self.batcher.by_time
-        if by_time is not None:  # how many requests admission by time refused
-            observers.time_refusals(self.name, lambda: int(by_time.refused))
-
-    def neighbours(self, busy: Callable[[], bool]) -> None:
-        # A lone request may run on the event loop only while the other models have nothing
-        # in flight: their replies (tokens) would wait for it.
-        self.batcher.gate.others_busy = busy
-
-    def start(self) -> None:
-        self.batcher.start()
-
-    async def stop(self) -> None:
-        await self.batcher.stop()
-
-    def close(self) -> None:
-        self.runtime.close()
-

@@ -93,6 +93,9 @@ class TensorOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     triton_config: dict[str, Any] = {}
     """The Triton model configuration this model was served from (a repository's,
     completed), as ``GET .../config`` returns it; empty: made from this config."""
+    versions: dict[str, str] = {}
+    """Other versions served beside ``path`` (version -> ONNX file; a Triton repository's
+    ``version_policy``), answered as V2 versions; ``version`` names the one ``path`` holds."""
 
 
 class TensorKind(Kind):
@@ -107,6 +110,13 @@ class TensorKind(Kind):
             raise ConfigError.for_key(f"{at}.path", None, "a tensor model needs an ONNX file")
         if not Path(model.path).is_file():
             raise ConfigError.for_key(f"{at}.path", model.path, "no such file")
+        for version, file in options.versions.items():
+            if version == model.version:
+                raise ConfigError.for_key(f"{at}.options.versions", version,
+                                          f"is the model's own version (path {model.path})")
+            if not Path(file).is_file():
+                raise ConfigError.for_key(f"{at}.options.versions.{version}", file,
+                                          "no such file")
         for key, declared in (("inputs", options.inputs), ("outputs", options.outputs)):
             for i, d in enumerate(declared):
                 if d.datatype not in DATATYPES:
@@ -122,11 +132,20 @@ class TensorKind(Kind):
                                       f"must be at most max_batch_size ({model.max_batch_size})")
 
     def build(self, model: ModelConfig, options: TensorOptions, env: BuildEnv) -> Built:
-        return Built(build_model(model, options, env))
+        if not options.versions:
+            return Built(build_model(model, options, env))
+        # Each version its own model (session, batcher), the same options but its file.
+        versions = {v: build_model(msgspec.structs.replace(model, path=file, version=v),
+                                   options, env, metric_name=f"{model.name}@{v}")
+                    for v, file in sorted(options.versions.items())}
+        return Built(build_model(model, options, env), variant=model.version,
+                     versions=dict(versions))
 
 
-def build_model(model: ModelConfig, options: TensorOptions, env: BuildEnv) -> TensorModel:
-    """A loaded, warmed ``TensorModel`` for ``model`` (blocking)."""
+def build_model(model: ModelConfig, options: TensorOptions, env: BuildEnv,
+                metric_name: str = "") -> TensorModel:
+    """A loaded, warmed ``TensorModel`` for ``model`` (blocking); ``metric_name``: its
+    batches' name (another version's: ``name@version``), else the model's."""
     from sokuji.runtimes.onnx import auto_threads
     from sokuji.runtimes.tensor import Options, TensorRuntime
 
@@ -153,8 +172,9 @@ def build_model(model: ModelConfig, options: TensorOptions, env: BuildEnv) -> Te
                              max_batch_size=max(1, max_batch),
                              max_batch_tokens=options.max_batch_elements,
                              preferred_batch_sizes=options.preferred_batch_sizes)
-    batcher = DynamicBatcher(model.name, runtime.run_batch, bc,
-                             on_batch=env.on_batch(model.name) if env.on_batch else None)
+    name = metric_name or model.name
+    batcher = DynamicBatcher(name, runtime.run_batch, bc,
+                             on_batch=env.on_batch(name) if env.on_batch else None)
     limits = (Limit("max_request_bytes", model.max_request_bytes or env.server.max_request_bytes,
                     "bytes", "bytes of one request's body"),
               Limit("options.max_elements", options.max_elements, "elements",

@@ -1,5 +1,6 @@
 """A tensor model served under the model contract: any ONNX graph's named tensors in and out,
-over a ``TensorRuntime`` and the encoders' dynamic batcher (``kinds/encoder/model.py``).
+over a ``TensorRuntime`` and its own dynamic batcher (``BatchedModel``,
+``kinds/encoder/model.py``).
 
 - ``from_tensors`` checks each input against the model before anything is queued, and
   refuses with 400 naming the input, what it expects and what it got: the rank (a ``[N, 1]``
@@ -35,7 +36,7 @@ from sokuji.core.model import Api, ModelMetadata, Report, RequestContext
 from sokuji.core.request import Prepared
 from sokuji.core.tensor import BYTES, InferRequest, Tensor
 from sokuji.errors import InvalidInput
-from sokuji.kinds.encoder.model import EncoderModel
+from sokuji.kinds.encoder.model import BatchedModel
 from sokuji.runtimes.tensor import Failed
 
 INFER = frozenset({Api.INFER})
@@ -54,12 +55,11 @@ class Shapes:
     """Output name -> the served shape past the batch dimension, where it differs."""
 
 
-class TensorModel(EncoderModel):
+class TensorModel(BatchedModel):
     """``runtime``: a ``TensorRuntime`` (loaded); ``metadata``: the served tensors."""
 
     def __init__(self, config: Any, runtime: Any, batcher: Any, metadata: ModelMetadata,
                  shapes: Shapes, limits: tuple[Limit, ...]) -> None:
-        # (EncoderModel's own __init__ reads a text model's limits: not called)
         self.config = config
         self.runtime = runtime
         self.batcher = batcher
@@ -79,8 +79,7 @@ class TensorModel(EncoderModel):
     def batched(self) -> bool:
         return self.shapes.max_batch_size > 0
 
-    def from_tensors(self, request: InferRequest  # type: ignore[override]
-                     ) -> dict[str, np.ndarray]:
+    def from_tensors(self, request: InferRequest) -> dict[str, np.ndarray]:
         feeds: dict[str, np.ndarray] = {}
         batch = None
         elements = 0
@@ -126,8 +125,7 @@ class TensorModel(EncoderModel):
             array = array.reshape((*lead, *graph))
         return array
 
-    async def prepare(self, inputs: dict[str, np.ndarray],  # type: ignore[override]
-                      ctx: RequestContext) -> Prepared:
+    async def prepare(self, inputs: dict[str, np.ndarray], ctx: RequestContext) -> Prepared:
         first = next(iter(inputs.values()))
         rows = int(first.shape[0]) if self.batched and first.ndim else 1
         per_row = max(1, max(a.size for a in inputs.values()) // max(rows, 1))
@@ -156,8 +154,7 @@ class TensorModel(EncoderModel):
             out.append(Tensor(spec.name, spec.datatype, tuple(value.shape), data))
         return out
 
-    def identity(self, inputs: dict[str, np.ndarray]  # type: ignore[override]
-                 ) -> list[str] | None:
+    def identity(self, inputs: dict[str, np.ndarray]) -> list[str] | None:
         if not self.config.cache:
             return None
         parts: list[str] = []
