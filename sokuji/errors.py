@@ -6,7 +6,8 @@
     │   ├── InvalidInput (400)     a field or tensor is wrong; the message names it
     │   ├── TooManyItems (400)     more items than the model's max_batch_size
     │   ├── PayloadTooLarge (413)
-    │   └── UnsupportedMediaType (415)
+    │   ├── UnsupportedMediaType (415)
+    │   └── InputFailed (422)      the model ran the request alone and failed on its input
     ├── Unauthorized (401)         missing or unknown API key
     ├── Forbidden (403)            the tenant may not use this model
     ├── NotFound (404)
@@ -94,6 +95,16 @@ class PayloadTooLarge(BadRequest):
 class UnsupportedMediaType(BadRequest):
     status = 415
     code = "unsupported_media_type"
+
+
+class InputFailed(BadRequest):
+    """A tensor model's graph failed on this request's input, run alone, after it had
+    computed others (its warm-up or earlier requests): every declared check passed, but
+    the graph cannot compute these values (an index past a table, a reshape that does not
+    divide). The message is ONNX Runtime's, naming the node."""
+
+    status = 422
+    code = "input_failed"
 
 
 class NotFound(SokujiError):

@@ -9,7 +9,15 @@ element types, shapes: a symbolic or unknown dimension is -1) and runs batches o
   dimension (``TensorModel`` groups them), except inputs declared ``ragged``: those are padded
   to the longest of the batch with their pad value, and the ``cut`` outputs are cut back to
   each request's own extent on those axes (a transformer's ``last_hidden_state``).
-- **Unbatched** (Triton's ``max_batch_size = 0``): each request runs alone, as sent.
+- **Unbatched** (Triton's ``max_batch_size = 0``): each request runs alone, as sent. A graph
+  is batchable only when every input and every output leads with a dynamic dimension (an
+  output of fixed or no first dimension cannot be split back by rows).
+- **Failures.** A batch the graph fails on is run again one request at a time, so one
+  request's values (an index past a table) fail only that request: it gets ``InputFailed``
+  (422) once the graph has computed some input (its warm-up, an earlier request), and
+  ``RuntimeFailed`` (500) before that, when the fault may as well be the model's. An output
+  that does not have the batch's rows fails the batch (``RuntimeFailed``), never a wrong
+  split.
 
 Element types: every KServe V2 datatype maps to one ONNX tensor type (``V2_OF_ORT``); BYTES is
 an ONNX string tensor (``str`` elements; raw bytes are decoded as UTF-8). A scikit-learn
@@ -22,7 +30,6 @@ types (sequences, optional) and types V2 lacks (bfloat16, float8) stop the load,
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +40,7 @@ import numpy as np
 from sokuji.core.model import ModelMetadata, TensorSpec
 from sokuji.core.request import Prepared
 from sokuji.core.tensor import BYTES, DTYPES
-from sokuji.errors import ConfigError, RuntimeFailed
+from sokuji.errors import ConfigError, InputFailed, RuntimeFailed, SokujiError
 
 V2_OF_ORT = {
     "tensor(bool)": "BOOL", "tensor(uint8)": "UINT8", "tensor(uint16)": "UINT16",
@@ -45,7 +52,16 @@ V2_OF_ORT = {
 ZIPMAP = "seq(map("
 """skl2onnx's ZipMap output type prefix: ``seq(map(int64,tensor(float)))``."""
 
-__all__ = ["V2_OF_ORT", "GraphTensor", "Options", "TensorRuntime"]
+__all__ = ["V2_OF_ORT", "Failed", "GraphTensor", "Options", "TensorRuntime"]
+
+
+@dataclass(frozen=True)
+class Failed:
+    """One request's result in a batch where the graph failed on that request alone: its
+    error, raised when the result is read (``TensorModel.to_tensors``), so the batch's other
+    requests still get their answers."""
+
+    error: SokujiError
 
 
 @dataclass(frozen=True)
@@ -94,6 +110,8 @@ class TensorRuntime:
         self.outputs: tuple[GraphTensor, ...] = ()
         self._session: Any = None
         self._output_names: list[str] = []
+        self._proven = False
+        """The graph has computed some input: a failure now is that input's (422)."""
 
     # -- loading ---------------------------------------------------------------------------
 
@@ -114,19 +132,19 @@ class TensorRuntime:
         except Exception as exc:
             raise ConfigError.for_key("path", str(self.path),
                                       f"ONNX Runtime cannot load it: {exc}") from exc
-        self.inputs = tuple(_graph_tensor(i, "input") for i in self._session.get_inputs()) \
-            + tuple(dataclasses.replace(_graph_tensor(i, "input"), optional=True)
-                    for i in self._session.get_overridable_initializers())
+        # (Overridable initializers are weights, not inputs: not served, as Triton's
+        # onnxruntime backend does not serve them.)
+        self.inputs = tuple(_graph_tensor(i, "input") for i in self._session.get_inputs())
         self.outputs = tuple(_graph_tensor(o, "output") for o in self._session.get_outputs())
         if not self.inputs:
             raise ConfigError.for_key("path", str(self.path), "the graph has no inputs")
-        required = [t for t in self.inputs if not t.optional]
-        dynamic = all(t.shape and t.shape[0] == -1 for t in required)
+        dynamic = all(t.shape and t.shape[0] == -1 for t in (*self.inputs, *self.outputs))
         if self._batched_wanted and not dynamic:
-            fixed = next(t for t in required if not t.shape or t.shape[0] != -1)
+            fixed = next(t for t in (*self.inputs, *self.outputs)
+                         if not t.shape or t.shape[0] != -1)
             raise ConfigError.for_key(
                 "max_batch_size", "at least 1",
-                f"input '{fixed.name}' has shape {list(fixed.shape)}: its first dimension is "
+                f"'{fixed.name}' has shape {list(fixed.shape)}: its first dimension is "
                 "not a dynamic batch dimension, so requests cannot be batched along it; set "
                 "max_batch_size = 0 to serve it unbatched")
         self.batched = dynamic if self._batched_wanted is None else self._batched_wanted
@@ -180,20 +198,33 @@ class TensorRuntime:
         try:
             values = self._session.run(self._output_names, feeds)
         except Exception as exc:
-            raise RuntimeFailed(f"ONNX Runtime failed: {exc}") from exc
-        return {o.name: _dense(o, v) for o, v in zip(self.outputs, values, strict=True)}
+            what = "the model failed on this input" if self._proven else "the model failed"
+            error = InputFailed if self._proven else RuntimeFailed
+            raise error(f"{what}: ONNX Runtime: {_ort_message(exc)}") from exc
+        out = {o.name: _dense(o, v) for o, v in zip(self.outputs, values, strict=True)}
+        self._proven = True
+        return out
 
-    def run_batch(self, batch: Sequence[Prepared]) -> list[dict[str, np.ndarray]]:
+    def run_batch(self, batch: Sequence[Prepared]) -> list[dict[str, np.ndarray] | Failed]:
         """Each request's outputs (``Prepared.data``: its inputs by name, each with
         ``num_items`` rows when batched), in order."""
         if len(batch) == 1:
             return [self._cut(self.run_one(batch[0].data), batch[0].data)]
         if not self.batched:  # never formed (max_batch_size 1), but correct if it were
-            return [self.run_one(p.data) for p in batch]
+            return [self._alone(p) for p in batch]
         feeds = {t.name: self._concat(t.name, [p.data[t.name] for p in batch])
                  for t in self.inputs if t.name in batch[0].data}
-        out = self.run_one(feeds)
-        results: list[dict[str, np.ndarray]] = []
+        try:
+            out = self.run_one(feeds)
+        except SokujiError:  # whose values? each alone: only the culprit fails
+            return [self._alone(p) for p in batch]
+        total = sum(p.num_items for p in batch)
+        for name, value in out.items():
+            if value.ndim == 0 or value.shape[0] != total:
+                raise RuntimeFailed(f"output '{name}' has shape {list(value.shape)} for a "
+                                    f"batch of {total} rows: the graph does not keep the "
+                                    "batch dimension (serve it with max_batch_size = 0)")
+        results: list[dict[str, np.ndarray] | Failed] = []
         start = 0
         for p in batch:
             stop = start + p.num_items
@@ -201,6 +232,12 @@ class TensorRuntime:
             results.append(self._cut(rows, p.data))
             start = stop
         return results
+
+    def _alone(self, p: Prepared) -> dict[str, np.ndarray] | Failed:
+        try:
+            return self._cut(self.run_one(p.data), p.data)
+        except SokujiError as exc:
+            return Failed(exc)
 
     def _concat(self, name: str, parts: list[np.ndarray]) -> np.ndarray:
         pad = self.options.ragged.get(name)
@@ -245,6 +282,13 @@ def _graph_tensor(node: Any, what: str) -> GraphTensor:
                               f"{what} '{node.name}' has type {kind}, which KServe V2 cannot "
                               f"carry (supported: {', '.join(sorted(V2_OF_ORT))}; a "
                               "classifier's seq(map(K, float)) output)")
+
+
+def _ort_message(exc: Exception) -> str:
+    """ONNX Runtime's message without its source paths: ``[ONNXRuntimeError] : 2 :
+    INVALID_ARGUMENT : Non-zero status code returned while running Gather node. ...``."""
+    text = str(exc)
+    return text if len(text) <= 600 else f"{text[:600]}..."
 
 
 def _dense(spec: GraphTensor, value: Any) -> np.ndarray:

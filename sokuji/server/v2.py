@@ -47,10 +47,19 @@ def brief(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} chars)"
 
 
-def parse_json(raw: bytes, what: str = "request body") -> Any:
+def parse_json(raw: bytes, what: str = "request body", non_finite: bool = False) -> Any:
+    """``raw`` as JSON; ``non_finite``: the ``NaN``, ``Infinity`` and ``-Infinity`` tokens
+    taken too (tensor data as Triton and its clients write it; orjson refuses them)."""
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
+        if non_finite and (b"NaN" in raw or b"Infinity" in raw):
+            import json
+
+            try:
+                return json.loads(raw)
+            except (ValueError, RecursionError):
+                pass  # (worded as orjson words it, below)
         try:
             raw.decode("utf-8")
         except UnicodeDecodeError as ude:
@@ -148,7 +157,7 @@ def _decode_full(body: bytes, head_length: int | None, meta: ModelMetadata) -> I
         head, binary = body[:head_length], memoryview(body)[head_length:]
     else:
         head, binary = body, memoryview(b"")
-    doc = parse_json(head)
+    doc = parse_json(head, non_finite=True)
     if not isinstance(doc, dict):
         raise BadRequest("request body must be a JSON object")
     request_id = doc.get("id", "")
@@ -276,6 +285,8 @@ def binary_data(name: str, datatype: str, shape: tuple[int, ...], count: int,
     if len(buf) != count * dtype.itemsize:
         raise _mismatch(name, shape, f"{len(buf)} bytes of {datatype} data "
                         f"({dtype.itemsize} a element)")
+    if datatype == "BOOL":  # one byte each: any non-zero byte is true, stored as 1
+        return np.frombuffer(buf, dtype=np.uint8).reshape(shape) != 0
     return np.frombuffer(buf, dtype=dtype).reshape(shape)
 
 

@@ -76,6 +76,9 @@ class Declared:
     """The body limit its routes answer 413 past."""
     cached: bool = True
     """Its V2 answers go through the response cache (a repeated request hits)."""
+    non_finite: bool = False
+    """Its tensors carry NaN and infinity as values (a tensor model's graph computes on
+    them): the NaN-tensor case expects them answered, not refused."""
 
     @property
     def normal(self) -> Request:
@@ -138,6 +141,19 @@ def echo_binary(x: np.ndarray) -> Request:
     return Request(V2_BINARY, "/v2/models/echo/infer", body, headers)
 
 
+def tensor_request(x: np.ndarray) -> Request:
+    return Request(V2_JSON, "/v2/models/tensor/infer",
+                   bodies.v2_json("x", "FP32", [float(v) for v in x.reshape(-1)],
+                                  shape=list(x.shape)))
+
+
+def tensor_binary(x: np.ndarray) -> Request:
+    body, headers = bodies.v2_binary("x", "FP32", list(x.shape), x.astype("<f4").tobytes())
+    return Request(V2_BINARY, "/v2/models/tensor/infer", body, headers)
+
+
+TENSOR_GRAPH = ROOT / "tests" / "data" / "tensor" / "double.onnx"
+"""x FP32 [batch, n] -> y = x + x (``tests/tensor_graphs.py``'s ``write_double``)."""
 IMAGE_FILE = (MEDIA / "images" / "tiny_la.png").read_bytes()
 AUDIO_FILE = bodies.wav(seconds=0.5)
 TEXTS = ["the hostile suite's normal request", "and a second text"]
@@ -239,5 +255,17 @@ DECLARED: dict[str, Declared] = {d.runtime: d for d in (
                 lambda v: echo_binary(np.zeros(int(v) + 1, np.float32)),
                 "max_request_bytes":
                 lambda v: echo_binary(np.zeros(int(v) // 4 + 1, np.float32))}),
+    Declared(
+        runtime="tensor", model="tensor",
+        config=f'[[models]]\nname = "tensor"\nruntime = "tensor"\npath = "{TENSOR_GRAPH}"\n'
+               'max_batch_size = 8\noptions = { max_elements = 4096 }\n',
+        inputs=frozenset({TENSOR}),
+        requests=(tensor_request(np.arange(8, dtype=np.float32).reshape(2, 4)),
+                  tensor_binary(np.arange(8, dtype=np.float32).reshape(2, 4))),
+        exceed={"options.max_elements":
+                lambda v: tensor_binary(np.zeros((1, int(v) + 1), np.float32)),
+                "max_request_bytes":
+                lambda v: tensor_binary(np.zeros((1, int(v) // 4 + 1), np.float32))},
+        non_finite=True),
 )}
 """Runtime name -> its declaration."""

@@ -8,6 +8,7 @@ and afterwards the kind's normal request still answered."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -165,9 +166,15 @@ def _nan_tensor(d: Declared) -> list[Case]:
     header_len = int(r.headers["Inference-Header-Content-Length"])
     tensor = orjson.loads(r.body[:header_len])["inputs"][0]
     out = []
-    for name, raw in (("nan", b"\x00\x00\xc0\x7f" * 4), ("inf", b"\x00\x00\x80\x7f" * 4)):
-        body, headers = bodies.v2_binary(tensor["name"], tensor["datatype"], [4], raw)
-        out.append(Case(name, _send(r, body, headers), frozenset({400}), ("finite",)))
+    # A kind whose tensors carry NaN and infinity as values (``non_finite``) answers them
+    # in the normal request's shape; the others refuse them, naming them.
+    shape = tensor["shape"] if d.non_finite else [4]
+    count = math.prod(shape)
+    for name, word in (("nan", b"\x00\x00\xc0\x7f"), ("inf", b"\x00\x00\x80\x7f")):
+        body, headers = bodies.v2_binary(tensor["name"], tensor["datatype"], shape,
+                                         word * count)
+        out.append(Case(name, _send(r, body, headers), frozenset({200}), ()) if d.non_finite
+                   else Case(name, _send(r, body, headers), frozenset({400}), ("finite",)))
     return out
 
 

@@ -16,7 +16,8 @@ over a ``TensorRuntime`` and its own dynamic batcher (``BatchedModel``,
   its rank: it is padded).
 - ``to_tensors`` gives every output the graph computed, NaN and Inf as they are, in the
   model's order (the codec sends those the request asked for); a declared output
-  ``reshape`` is applied back.
+  ``reshape`` is applied back. A request the graph failed on inside a batch (its batch
+  mates answered) raises its own error here (``runtimes/tensor.py``'s ``Failed``).
 - ``identity`` (the response cache): each input's name, datatype, shape and a SHA-256 of its
   bytes, so two requests share an answer only for the same tensors.
 """
@@ -36,6 +37,7 @@ from sokuji.core.request import Prepared
 from sokuji.core.tensor import BYTES, InferRequest, Tensor
 from sokuji.errors import InvalidInput
 from sokuji.kinds.encoder.model import BatchedModel
+from sokuji.runtimes.tensor import Failed
 
 INFER = frozenset({Api.INFER})
 
@@ -65,6 +67,8 @@ class TensorModel(BatchedModel):
         self.limits = limits
         self.metadata = metadata
         self.shapes = shapes
+        self.batches = shapes.max_batch_size > 0
+        """Batched in Triton's sense (its configuration's ``max_batch_size`` and dims)."""
         self._elements = next(x for x in limits if x.key == "options.max_elements")
         self._specs = {t.name: t for t in metadata.inputs}
         self._out_specs = metadata.outputs
@@ -130,7 +134,10 @@ class TensorModel(BatchedModel):
         return Prepared(data=inputs, num_items=rows, length=per_row, num_tokens=0,
                         group=group)
 
-    def to_tensors(self, result: dict[str, np.ndarray], report: Report) -> list[Tensor]:
+    def to_tensors(self, result: dict[str, np.ndarray] | Failed, report: Report
+                   ) -> list[Tensor]:
+        if isinstance(result, Failed):  # the graph failed on this request (its batch ran)
+            raise result.error
         out: list[Tensor] = []
         reshape = self.shapes.output_reshape or {}
         for spec in self._out_specs:
