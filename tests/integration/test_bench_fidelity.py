@@ -9,7 +9,7 @@ import math
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -48,6 +48,41 @@ options = {{base_ms = {MEAN_MS}}}
 
 
 MODELS = ("synth", "constant")
+
+STALL = """
+[[models]]
+name = "{name}"
+runtime = "synthetic"
+cache = false
+max_batch_size = 16
+# Every batch in a worker: a lone request run on the event loop (core/inline.py) would hold
+# the loop through the stall, and what arrived meanwhile would wait in the socket, before
+# its Server-Timing starts; the tail attribution below reads the server's stages.
+inline_max_ms = 0
+options = {{base_ms = 2.0, stall_ms = 1000.0, stall_after_batches = {after}}}
+"""
+SERVICE_MS = 10.0
+KNEE = f"""
+# One instance, {SERVICE_MS} ms per request, no batching: capacity {1e3 / SERVICE_MS:.0f} req/s.
+[[models]]
+name = "knee"
+runtime = "synthetic"
+cache = false
+max_batch_size = 1
+options = {{base_ms = {SERVICE_MS}}}
+"""
+CLI = LOGNORMAL.split("[[models]]")[1].replace('name = "synth"', 'name = "cli"')
+SERVER = (LOGNORMAL + "\n[[models]]" + CLI + STALL.format(name="stall_open", after=150)
+          + STALL.format(name="stall_closed", after=400) + KNEE)
+"""Every model the tests below measure, in one server started once for the module: each
+model has its own instances, its own seeded draws and its own batch count (the stalls), and
+each test loads only its own models, one test at a time."""
+
+
+@pytest.fixture(scope="module")
+def url() -> Iterator[str]:
+    with sokuji_server(SERVER) as base:
+        yield base
 
 
 def service_times_ms(n: int) -> np.ndarray:
@@ -99,7 +134,7 @@ def predicted_percentile(service_ms: np.ndarray, overhead_ms: np.ndarray, q: flo
     return want, float(max(hi - want, want - lo))
 
 
-def test_measured_percentiles_match_the_configured_distribution() -> None:
+def test_measured_percentiles_match_the_configured_distribution(url: str) -> None:
     # What the client measures is service time plus overhead (network, both processes'
     # scheduling, the sleep's wake-up). The overhead is not assumed: it is measured, at the
     # same moment and under the same load, on a model of constant service time, so a busy
@@ -118,10 +153,9 @@ def test_measured_percentiles_match_the_configured_distribution() -> None:
         results = await side_by_side(lambda e: e.open(times, warmup_s=0.5))
         return results, await probe
 
-    with sokuji_server(LOGNORMAL) as url:
-        runs = {"closed": asyncio.run(side_by_side(lambda e: e.closed(
-                    4, count=800, warmup_count=40)))}
-        runs["open"], timer_lags_ms = asyncio.run(open_with_probe())
+    runs = {"closed": asyncio.run(side_by_side(lambda e: e.closed(
+                4, count=800, warmup_count=40)))}
+    runs["open"], timer_lags_ms = asyncio.run(open_with_probe())
     # The synth model drew 840 service times for the closed run, then len(times) for the open
     # one; the measured requests are those after each warm-up.
     drawn = service_times_ms(840 + len(times))
@@ -154,29 +188,16 @@ def test_measured_percentiles_match_the_configured_distribution() -> None:
     assert lag["p50"] < timer_p50_ms + 0.25 * 1e3 / rate, (lag["p50"], timer_p50_ms)
 
 
-STALL = """
-[[models]]
-name = "synth"
-runtime = "synthetic"
-cache = false
-max_batch_size = 16
-# Every batch in a worker: a lone request run on the event loop (core/inline.py) would hold
-# the loop through the stall, and what arrived meanwhile would wait in the socket, before
-# its Server-Timing starts; the tail attribution below reads the server's stages.
-inline_max_ms = 0
-options = {{base_ms = 2.0, stall_ms = 1000.0, stall_after_batches = {after}}}
-"""
-
-
-def test_a_stall_shows_in_open_loop_p99_and_hides_in_closed_loop() -> None:
+def test_a_stall_shows_in_open_loop_p99_and_hides_in_closed_loop(url: str) -> None:
     rate, measured_s, stall_s = 100.0, 4.0, 1.0
-    with sokuji_server(STALL.format(after=150)) as url:  # ~1.5 s into the run
-        times = intended_times(rate, Arrivals.CONSTANT, seed=0, duration_s=0.5 + measured_s)
-        opened_run = asyncio.run(engine(url).open(times, warmup_s=0.5))
-        opened = stats.summarize(opened_run)
-    with sokuji_server(STALL.format(after=400)) as url:
-        closed_run = asyncio.run(engine(url).closed(1, duration_s=measured_s, warmup_count=20))
-        closed = stats.summarize(closed_run)
+    # Two models of the module's server, each stalling once: at its batch 150 (~1.5 s into
+    # the open run) and at its batch 400 (in the closed run).
+    times = intended_times(rate, Arrivals.CONSTANT, seed=0, duration_s=0.5 + measured_s)
+    opened_run = asyncio.run(engine(url, model="stall_open").open(times, warmup_s=0.5))
+    opened = stats.summarize(opened_run)
+    closed_run = asyncio.run(engine(url, model="stall_closed").closed(
+        1, duration_s=measured_s, warmup_count=20))
+    closed = stats.summarize(closed_run)
     # Open loop: the requests due during the stall (stall_s/measured_s of them) wait out the
     # rest of it, so their latencies spread uniformly over [0, stall_s]; p99 is the top 1% of
     # all requests, i.e. stall_s * (1 - 0.01 * measured_s / stall_s) -- on top of what every
@@ -208,14 +229,14 @@ def test_a_stall_shows_in_open_loop_p99_and_hides_in_closed_loop() -> None:
     assert closed["latency_ms"]["p99"] < 0.5 * opened["latency_ms"]["p99"]
 
 
-def test_cli_writes_json_and_an_html_report_with_plots(tmp_path: Path) -> None:
+def test_cli_writes_json_and_an_html_report_with_plots(url: str, tmp_path: Path) -> None:
     out, page = tmp_path / "r.json", tmp_path / "r.html"
-    with sokuji_server(LOGNORMAL) as url:
-        proc = subprocess.run(
-            [sys.executable, "-m", "sokuji", "bench", url, "--model", "synth", "--rate", "60",
-             "--duration", "2", "--warmup", "0.5s", "--dataset", "mixed", "--slo",
-             "p99=200ms", "--price-per-hour", "1.0", "--out", str(out), "--html", str(page),
-             "--quiet"], capture_output=True, text=True, timeout=120)
+    # "cli": the lognormal model's twin (the first test's "synth" keeps its own draws)
+    proc = subprocess.run(
+        [sys.executable, "-m", "sokuji", "bench", url, "--model", "cli", "--rate", "60",
+         "--duration", "2", "--warmup", "0.5s", "--dataset", "mixed", "--slo",
+         "p99=200ms", "--price-per-hour", "1.0", "--out", str(out), "--html", str(page),
+         "--quiet"], capture_output=True, text=True, timeout=120)
     doc = json.loads(out.read_text())
     assert doc["schema"] == "sokuji.bench/1"
     # The verdict follows from the measured p99, whatever this machine's speed: the exit
@@ -233,31 +254,21 @@ def test_cli_writes_json_and_an_html_report_with_plots(tmp_path: Path) -> None:
         assert title in html
 
 
-def test_sweep_finds_the_capacity_knee(tmp_path: Path) -> None:
-    # One instance, 10 ms per request, no batching: capacity 100 req/s.
-    service_ms, start_rate = 10.0, 30.0
-    config = f"""
-[[models]]
-name = "synth"
-runtime = "synthetic"
-cache = false
-max_batch_size = 1
-options = {{base_ms = {service_ms}}}
-"""
+def test_sweep_finds_the_capacity_knee(url: str, tmp_path: Path) -> None:
+    service_ms, start_rate = SERVICE_MS, 30.0  # the "knee" model: capacity 100 req/s
     out = tmp_path / "sweep.json"
-    with sokuji_server(config) as url:
-        # The SLO is set from this machine's latency at the starting rate, measured now: a
-        # busy machine adds its delays to every step, and the sweep must still find the knee
-        # of the server, not of the machine. Five service times above it: queueing at half
-        # the capacity stays well under; past the capacity the queue grows without bound.
-        times = intended_times(start_rate, Arrivals.POISSON, seed=2, duration_s=1.3)
-        base = stats.summarize(asyncio.run(engine(url).open(times, warmup_s=0.3)))
-        slo_ms = math.ceil(base["latency_ms"]["p99"] + 5 * service_ms)
-        proc = subprocess.run(
-            [sys.executable, "-m", "sokuji", "bench", url, "--model", "synth", "--rate",
-             str(start_rate), "--sweep", "--sweep-factor", "1.6", "--duration", "2",
-             "--warmup", "0.3s", "--slo", f"p99={slo_ms}ms", "--out", str(out), "--html",
-             str(tmp_path / "s.html"), "--quiet"], capture_output=True, text=True, timeout=180)
+    # The SLO is set from this machine's latency at the starting rate, measured now: a
+    # busy machine adds its delays to every step, and the sweep must still find the knee
+    # of the server, not of the machine. Five service times above it: queueing at half
+    # the capacity stays well under; past the capacity the queue grows without bound.
+    times = intended_times(start_rate, Arrivals.POISSON, seed=2, duration_s=1.3)
+    base = stats.summarize(asyncio.run(engine(url, model="knee").open(times, warmup_s=0.3)))
+    slo_ms = math.ceil(base["latency_ms"]["p99"] + 5 * service_ms)
+    proc = subprocess.run(
+        [sys.executable, "-m", "sokuji", "bench", url, "--model", "knee", "--rate",
+         str(start_rate), "--sweep", "--sweep-factor", "1.6", "--duration", "2",
+         "--warmup", "0.3s", "--slo", f"p99={slo_ms}ms", "--out", str(out), "--html",
+         str(tmp_path / "s.html"), "--quiet"], capture_output=True, text=True, timeout=180)
     sweep = json.loads(out.read_text())["sweep"]
     assert "Latency against throughput" in (tmp_path / "s.html").read_text()
     steps = [(round(s["rate"], 1), s["slo_ok"], s["summary"]["latency_ms"]["p99"])

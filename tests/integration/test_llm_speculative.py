@@ -136,10 +136,13 @@ def metric(url: str, name: str, model: str) -> float:
                if line.startswith(name) and f'model="{model}"' in line)
 
 
-@pytest.mark.parametrize("messages", [COPY, QUOTE, FREE[0]])
 def test_greedy_chat_text_is_identical_with_and_without_speculation(
-        client: openai.OpenAI, messages: Any) -> None:
-    texts = dict(zip(MODELS, at_once(*(lambda m=m: chat(client, m, messages, max_tokens=64)[0]
+        client: openai.OpenAI) -> None:
+    # The copy-heavy prompt (the most drafted, the most accepted), on all four models. The
+    # quoting and free-form prompts are compared for n-gram and draft in the batched test
+    # below (alone on the plain model, batched on the speculating ones); 64 tokens: the
+    # plain answer is the one the batched and long-prompt tests reuse.
+    texts = dict(zip(MODELS, at_once(*(lambda m=m: chat(client, m, COPY, max_tokens=64)[0]
                                         for m in MODELS)), strict=True))
     assert texts["plain"] and all(t == texts["plain"] for t in texts.values()), texts
 
@@ -156,7 +159,8 @@ def test_identical_when_batched_with_other_sequences(client: openai.OpenAI) -> N
     # More requests than slots, different lengths: speculating sequences share steps with
     # others, finish at different steps and move between slots. (The plain model answers
     # each alone meanwhile: a model of its own.)
-    jobs = [(m, n) for n in (16, 56) for m in (COPY, QUOTE, *FREE)]
+    # (11: one of CUTS below, 64: the chat test's length: plain answers asked once)
+    jobs = [(m, n) for n in (11, 64) for m in (COPY, QUOTE, *FREE)]
 
     def batched(model: str) -> list[str]:
         with ThreadPoolExecutor(6) as pool:
@@ -190,7 +194,7 @@ def test_a_copy_heavy_answer_accepts_drafts_and_says_so(client: openai.OpenAI,
             before["sokuji_llm_spec_accepted_tokens_total"] + f["accepted"]
 
     _, (_, reply, desc), _ = at_once(lambda: check("ngram"),
-                                     lambda: chat(client, "plain", COPY, max_tokens=16),
+                                     lambda: chat(client, "plain", COPY, max_tokens=5),
                                      lambda: check("draft"))
     assert desc == "off" and reply.usage.completion_tokens_details is None
 
@@ -201,15 +205,15 @@ CUTS = (1, 5, 11, 30)  # max_tokens cutting inside runs a single step would acce
 def test_max_tokens_and_stop_strings_hold_inside_accepted_runs(client: openai.OpenAI) -> None:
     stop = "paraffin"
 
-    def plain() -> tuple[str, list[Any]]:
-        return (chat(client, "plain", COPY, max_tokens=96)[0],
+    def plain() -> tuple[str, list[Any]]:  # (110: the plain answer the next test reuses)
+        return (chat(client, "plain", COPY, max_tokens=110)[0],
                 [chat(client, "plain", COPY, max_tokens=n) for n in CUTS])
 
     def speculating(model: str) -> tuple[list[Any], Any, str]:
         cut = [chat(client, model, COPY, max_tokens=n) for n in CUTS]
-        stopped = chat(client, model, COPY, max_tokens=96, stop=[stop])
+        stopped = chat(client, model, COPY, max_tokens=110, stop=[stop])
         stream = client.chat.completions.create(model=model, messages=COPY, temperature=0,
-                                                max_tokens=96, stream=True)
+                                                max_tokens=110, stream=True)
         return cut, stopped, "".join(c.choices[0].delta.content or ""
                                      for c in stream if c.choices)
 
