@@ -141,15 +141,15 @@ def echo_binary(x: np.ndarray) -> Request:
     return Request(V2_BINARY, "/v2/models/echo/infer", body, headers)
 
 
-def tensor_request(x: np.ndarray) -> Request:
-    return Request(V2_JSON, "/v2/models/tensor/infer",
+def tensor_request(x: np.ndarray, model: str = "tensor") -> Request:
+    return Request(V2_JSON, f"/v2/models/{model}/infer",
                    bodies.v2_json("x", "FP32", [float(v) for v in x.reshape(-1)],
                                   shape=list(x.shape)))
 
 
-def tensor_binary(x: np.ndarray) -> Request:
+def tensor_binary(x: np.ndarray, model: str = "tensor") -> Request:
     body, headers = bodies.v2_binary("x", "FP32", list(x.shape), x.astype("<f4").tobytes())
-    return Request(V2_BINARY, "/v2/models/tensor/infer", body, headers)
+    return Request(V2_BINARY, f"/v2/models/{model}/infer", body, headers)
 
 
 TENSOR_GRAPH = ROOT / "tests" / "data" / "tensor" / "double.onnx"
@@ -267,5 +267,17 @@ DECLARED: dict[str, Declared] = {d.runtime: d for d in (
                 "max_request_bytes":
                 lambda v: tensor_binary(np.zeros((1, int(v) // 4 + 1), np.float32))},
         non_finite=True),
+    Declared(  # a Triton ensemble of one step: the tensor model above
+        runtime="ensemble", model="ensemble",
+        config='[[models]]\nname = "ensemble"\nruntime = "ensemble"\nmax_batch_size = 8\n'
+               '[models.options]\n'
+               'inputs = [{ name = "x", datatype = "FP32", dims = [-1] }]\n'
+               'outputs = [{ name = "y", datatype = "FP32", dims = [-1] }]\n'
+               'steps = [{ model = "tensor", input_map = { x = "x" }, '
+               'output_map = { y = "y" } }]\n',
+        inputs=frozenset({TENSOR}),
+        requests=(tensor_request(np.arange(8, dtype=np.float32).reshape(2, 4), "ensemble"),
+                  tensor_binary(np.arange(8, dtype=np.float32).reshape(2, 4), "ensemble")),
+        cached=False, non_finite=True),
 )}
 """Runtime name -> its declaration."""
