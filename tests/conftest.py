@@ -17,6 +17,13 @@ from sokuji.server.app import create_app
 from tests.integration.ray_cluster import ray_head, stop_unless_needed  # noqa: F401
 
 ROOT = Path(__file__).resolve().parent.parent
+# `make test` runs two pytest-xdist workers. Each worker has its own Redis database (gw0: the
+# configured one, gw1: the next), so one worker's FLUSHDB never empties the other's (files
+# with a database of their own, 12 and 13, run on one worker: see the groups below).
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+if _WORKER.startswith("gw") and os.environ.get("SOKUJI_TEST_REDIS_URL"):
+    _base, _, _db = os.environ["SOKUJI_TEST_REDIS_URL"].rpartition("/")
+    os.environ["SOKUJI_TEST_REDIS_URL"] = f"{_base}/{int(_db or 0) + int(_WORKER[2:])}"
 # One export of the built-in model per checkout, shared by every test run (it takes seconds).
 CACHE_DIR = Path(os.environ.get("SOKUJI_TEST_CACHE_DIR", ROOT / ".cache" / "sokuji"))
 
@@ -62,6 +69,22 @@ def minilm_config() -> cfg.ServerConfig:
 def minilm(minilm_config: cfg.ServerConfig) -> Iterator[TestClient]:
     with client_for(minilm_config) as client:
         yield client
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Groups for pytest-xdist (``--dist loadgroup``): a file's tests run on one worker, so
+    its module fixtures (a served model, a server process) start once; the files that share
+    a session fixture share a group: the Ray tests (one cluster, fixed ports), the hostile
+    suite (one server with every kind)."""
+    for item in items:
+        path = item.nodeid.split("::", 1)[0]
+        if "ray_head" in getattr(item, "fixturenames", ()) or "/test_ray_" in path:
+            group = "ray"
+        elif path.startswith("tests/hostile/"):
+            group = "hostile"
+        else:
+            group = path
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:

@@ -9,11 +9,13 @@ torch.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from sokuji.errors import ConfigError
@@ -62,6 +64,27 @@ def ensure_onnx(cache_dir: str | Path, source: Path | None = None) -> Path:
     target = onnx_path(cache_dir, source)
     if target.is_file():
         return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with _exclusive(target.parent / ".export.lock"):  # another process may be exporting it
+        if target.is_file():
+            return target
+        return _export_child(target, source)
+
+
+@contextlib.contextmanager
+def _exclusive(path: Path) -> Iterator[None]:
+    """One process at a time (an advisory lock on ``path``; released when it exits)."""
+    import fcntl
+
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _export_child(target: Path, source: Path | None) -> Path:
     log.info("exporting %s to %s (once; torch is imported in a child process)",
              source or "minilm", target)
     extra = [str(source)] if source is not None else []
