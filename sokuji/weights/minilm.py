@@ -101,8 +101,9 @@ def export(target: Path, model_dir: Path | None = None) -> None:
     general exporter's graph (``hf_export.export_onnx``) with mean pooling and L2, whatever
     the directory declares (``sokuji export DIR`` reads the declaration instead)."""
     from sokuji.weights import hf_export
+    from sokuji.weights.hf_checkpoint import Checkpoint
 
-    hf_export.export_onnx(hf_export.Checkpoint.encoder(model_dir or package_model_dir()),
+    hf_export.export_onnx(Checkpoint.encoder(model_dir or package_model_dir()),
                           target)
 
 

@@ -23,7 +23,7 @@ import pytest
 
 from sokuji import cli
 from sokuji import config as cfg
-from sokuji.weights import hf_export, minilm, mpnet
+from sokuji.weights import hf_check, hf_checkpoint, hf_export, minilm, mpnet
 from tests.conftest import CACHE_DIR, client_for
 
 pytestmark = pytest.mark.integration
@@ -155,8 +155,8 @@ def test_minilm_exports_with_its_declared_pooling_and_passes_the_check(
     run, out = minilm_export
     assert run.rc == 0, run.out + run.err
     assert "embedding (sentence-transformers), mean pooling, L2-normalised" in run.out
-    assert run.measured() >= hf_export.COSINE_TOLERANCE
-    assert f"over {len(hf_export.SENTENCES)} sentences" in run.out
+    assert run.measured() >= hf_check.COSINE_TOLERANCE
+    assert f"over {len(hf_check.SENTENCES)} sentences" in run.out
     assert run.inputs() == graph_inputs(out / "model.onnx") == [
         "input_ids", "attention_mask", "token_type_ids"]
     assert (out / "tokenizer.json").read_bytes() == (
@@ -193,7 +193,7 @@ def test_the_served_export_equals_sentence_transformers(
     from sentence_transformers import SentenceTransformer
 
     run, _ = minilm_export
-    texts = list(hf_export.SENTENCES)
+    texts = list(hf_check.SENTENCES)
     with serve_entry(run.entry(), tmp_path) as client:
         served = embed(client, "mini", texts)
     st = SentenceTransformer(str(minilm.package_model_dir()), device="cpu")
@@ -214,12 +214,12 @@ def test_mpnet_as_exported_passes_the_check_of_its_declaration() -> None:
     child process, shared with every MPNet test through the checkout's cache: ~40 s once)
     checked as ``sokuji export`` checks its directory: what its files declare (mean
     pooling, Normalize, 384 tokens), against transformers."""
-    ckpt = hf_export.inspect(mpnet.ensure_dir(CACHE_DIR))
+    ckpt = hf_checkpoint.inspect(mpnet.ensure_dir(CACHE_DIR))
     assert (ckpt.layout, ckpt.pooling, ckpt.normalize, ckpt.max_length) == (
         "sentence-transformers", "mean", True, 384)
-    verdict = hf_export.check(ckpt, mpnet.ensure_onnx(CACHE_DIR), mpnet.tokenizer_path(CACHE_DIR))
+    verdict = hf_check.check(ckpt, mpnet.ensure_onnx(CACHE_DIR), mpnet.tokenizer_path(CACHE_DIR))
     assert verdict.ok, verdict.line()
-    assert verdict.value >= hf_export.COSINE_TOLERANCE
+    assert verdict.value >= hf_check.COSINE_TOLERANCE
     assert verdict.dim == 768
     assert verdict.inputs == ["input_ids", "attention_mask"]  # MPNet reads no token types
 
@@ -229,7 +229,7 @@ def test_sequence_classification_exports_logits_and_labels(
     run, _ = classifier_export
     assert run.rc == 0, run.out + run.err
     assert "labels: 0=negative, 1=neutral, 2=positive" in run.out
-    assert run.measured() <= hf_export.LOGITS_TOLERANCE
+    assert run.measured() <= hf_check.LOGITS_TOLERANCE
     assert "max_sequence_length = 128" in run.entry()  # the position table, under 512
     assert "logits [batch, 3]" in run.entry()
     assert run.inputs() == ["input_ids", "attention_mask", "token_type_ids"]
@@ -250,10 +250,10 @@ def test_the_check_fails_against_another_checkpoint(
         classifier_export: tuple[Run, Path], tmp_path: Path) -> None:
     """The check can fail: the export checked against a checkpoint of another seed."""
     _, out = classifier_export
-    other = hf_export.inspect(tiny_bert(tmp_path / "other", classifier=True, seed=1))
-    verdict = hf_export.check(other, out / "model.onnx", out / "tokenizer.json")
+    other = hf_checkpoint.inspect(tiny_bert(tmp_path / "other", classifier=True, seed=1))
+    verdict = hf_check.check(other, out / "model.onnx", out / "tokenizer.json")
     assert not verdict.ok
-    assert verdict.value > hf_export.LOGITS_TOLERANCE
+    assert verdict.value > hf_check.LOGITS_TOLERANCE
     assert "FAILED" in verdict.line()
 
 
@@ -262,10 +262,10 @@ def test_a_missing_normalisation_fails_the_check(
     """A cosine cannot see a scale; the norms can: the unnormalised export checked as if
     the checkpoint declared Normalize."""
     src, _, out = max_pooled
-    declared = dataclasses.replace(hf_export.inspect(src), normalize=True)
-    verdict = hf_export.check(declared, out / "model.onnx", out / "tokenizer.json")
-    assert verdict.value >= hf_export.COSINE_TOLERANCE  # the directions agree
-    assert verdict.norm_diff is not None and verdict.norm_diff > hf_export.NORM_TOLERANCE
+    declared = dataclasses.replace(hf_checkpoint.inspect(src), normalize=True)
+    verdict = hf_check.check(declared, out / "model.onnx", out / "tokenizer.json")
+    assert verdict.value >= hf_check.COSINE_TOLERANCE  # the directions agree
+    assert verdict.norm_diff is not None and verdict.norm_diff > hf_check.NORM_TOLERANCE
     assert not verdict.ok and "FAILED" in verdict.line()
 
 
@@ -274,7 +274,7 @@ def test_task_forces_the_layout(classifier_dir: Path, tmp_path: Path) -> None:
     assert run.rc == 0, run.out + run.err
     assert "embedding (transformers), mean pooling" in run.out  # AutoModel, no L2
     assert "L2" not in run.out
-    assert run.measured() >= hf_export.COSINE_TOLERANCE
+    assert run.measured() >= hf_check.COSINE_TOLERANCE
     assert "32-d embeddings" in run.entry()
 
 
@@ -283,7 +283,7 @@ def test_cls_pooling_is_honoured(tmp_path: Path) -> None:
     run = export(src, "--out", tmp_path / "out")
     assert run.rc == 0, run.out + run.err
     assert "cls pooling" in run.out
-    assert run.measured() >= hf_export.COSINE_TOLERANCE
+    assert run.measured() >= hf_check.COSINE_TOLERANCE
 
 
 def test_a_directory_saved_by_sentence_transformers_itself(tmp_path: Path) -> None:
@@ -305,7 +305,7 @@ def test_a_directory_saved_by_sentence_transformers_itself(tmp_path: Path) -> No
     runtime = OnnxEncoderRuntime(tmp_path / "out" / "model.onnx",
                                  tmp_path / "out" / "tokenizer.json", max_sequence_length=64)
     runtime.load()
-    texts = list(hf_export.SENTENCES)
+    texts = list(hf_check.SENTENCES)
     got = runtime.run_batch([runtime.preprocess(texts)])[0]
     reference = SentenceTransformer(str(tmp_path / "st"), device="cpu").encode(texts)
     assert cosines(got, np.asarray(reference)).min() >= 0.9999
@@ -319,8 +319,8 @@ def test_max_pooling_served_equals_sentence_transformers(
     assert run.rc == 0, run.out + run.err
     assert "max pooling" in run.out and "L2" not in run.out
     assert "max_sequence_length = 64" in run.entry()
-    texts = list(hf_export.SENTENCES)
-    name = hf_export.model_name(hf_export.inspect(src))
+    texts = list(hf_check.SENTENCES)
+    name = hf_export.model_name(hf_checkpoint.inspect(src))
     with serve_entry(run.entry(), tmp_path) as client:
         served = embed(client, name, texts)
     reference = np.asarray(SentenceTransformer(str(src), device="cpu").encode(texts))

@@ -257,8 +257,9 @@ async def test_poll_loads_a_model_file_dropped_at_the_same_path(
     from sokuji import config as cfg
     from sokuji.core.model import RequestContext
     from sokuji.core.request import Priority
-    from sokuji.repository.control import ModelControl, config_source
+    from sokuji.repository.control import ModelControl
     from sokuji.repository.models import ModelRepository
+    from sokuji.repository.sources import config_source
 
     x, labels, path = models["x"], models["labels"], tmp_path / "iris.onnx"
     path.write_bytes(models["files"]["a"])
@@ -313,8 +314,9 @@ async def test_a_triton_repository_new_version_and_new_model(
     from sokuji import config as cfg
     from sokuji.core.model import RequestContext
     from sokuji.core.request import Priority
-    from sokuji.repository.control import ModelControl, source_for
+    from sokuji.repository.control import ModelControl
     from sokuji.repository.models import ModelRepository
+    from sokuji.repository.sources import source_for
 
     x, labels, files = models["x"], models["labels"], models["files"]
     root = tmp_path / "repo"

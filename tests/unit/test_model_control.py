@@ -20,9 +20,10 @@ import pytest
 from sokuji import config as cfg
 from sokuji.core.model import RequestContext
 from sokuji.core.request import Priority
-from sokuji.errors import ModelNotFound
-from sokuji.repository.control import LoadFailed, ModelControl, Source, config_source
+from sokuji.errors import LoadFailed, ModelNotFound
+from sokuji.repository.control import ModelControl
 from sokuji.repository.models import ModelRepository
+from sokuji.repository.sources import Source, config_source
 
 
 def _config(**options: object) -> cfg.ServerConfig:
