@@ -471,6 +471,62 @@ def front_part(args: argparse.Namespace, specs: dict[str, TensorModelSpec],
     return out
 
 
+def ab_part(args: argparse.Namespace, specs: dict[str, TensorModelSpec],
+            batch: dict[str, int], w: Wire) -> dict[str, Any]:
+    """``--ab-before TREE``: that tree's Sokuji (A) and this one (B) up at once on the server
+    core, ``tabular`` (V2 binary): c=1 chunks and saturated rounds alternating, as
+    ``ab_trees.py`` does for the encoder."""
+    from ab_trees import TreeServer
+
+    trees = {"a": Path(args.ab_before).resolve(), "b": ROOT}
+    ports = {k: free_port() for k in trees}
+    with TreeServer(trees["a"], args.server_core, sokuji_config(args, ports["a"], specs, batch),
+                    ports["a"]) as sa, \
+            TreeServer(trees["b"], args.server_core,
+                       sokuji_config(args, ports["b"], specs, batch), ports["b"]) as sb:
+        pids = {"a": sa.proc.pid, "b": sb.proc.pid}  # type: ignore[union-attr]
+        clients = {k: w.c1(p) for k, p in ports.items()}
+        for c in clients.values():
+            c.run(20)
+        lat: dict[str, list[float]] = {"a": [], "b": []}
+        pair: list[float] = []
+        for i in range(args.ab_chunks):
+            med = {}
+            for k in (("a", "b") if i % 2 == 0 else ("b", "a")):
+                got = clients[k].run(20)[0]
+                lat[k] += got
+                med[k] = statistics.median(got)
+            pair.append(med["b"] - med["a"])
+        conc = max(2 * batch["tabular"], 8)
+        rounds: dict[str, list[dict[str, Any]]] = {"a": [], "b": []}
+        cpu = {"a": 0.0, "b": 0.0}
+        for i in range(args.rounds * 2):
+            for k in (("a", "b") if i % 2 == 0 else ("b", "a")):
+                c0 = sum(thread_cpu_s(pids[k]).values())
+                r = asyncio.run(closed_loop(ports[k], w.bodies, conc, args.warmup_seconds,
+                                            args.front_seconds, w.path, w.headers))
+                cpu[k] += sum(thread_cpu_s(pids[k]).values()) - c0
+                r.pop("latencies_ms")
+                rounds[k].append(r)
+    out: dict[str, Any] = {"trees": {k: str(v) for k, v in trees.items()}}
+    for k in trees:
+        n = sum(r["items"] / r["seconds"] * (args.warmup_seconds + args.front_seconds)
+                for r in rounds[k])
+        out[k] = {**summary_ms(lat[k]), "saturated_items_per_s": pooled_rate(rounds[k]),
+                  "saturated_cpu_ms_per_request": 1e3 * cpu[k] / n}
+    out["c1_p50_b_minus_a_ms"] = out["b"]["p50_ms"] - out["a"]["p50_ms"]
+    out["c1_paired_chunk_median_b_minus_a_ms"] = statistics.median(pair)
+    out["saturated_b_over_a"] = out["b"]["saturated_items_per_s"] / \
+        out["a"]["saturated_items_per_s"]
+    out["cpu_per_request_b_minus_a_ms"] = out["b"]["saturated_cpu_ms_per_request"] - \
+        out["a"]["saturated_cpu_ms_per_request"]
+    print(f"[ab tabular] c=1 p50 A {out['a']['p50_ms']:.3f} B {out['b']['p50_ms']:.3f} ms "
+          f"(paired {out['c1_paired_chunk_median_b_minus_a_ms']:+.3f}); saturated A "
+          f"{out['a']['saturated_items_per_s']:.0f} B {out['b']['saturated_items_per_s']:.0f}/s;"
+          f" CPU/request B - A {out['cpu_per_request_b_minus_a_ms']:+.3f} ms", flush=True)
+    return out
+
+
 PROFILE_BUCKETS = (
     ("ONNX Runtime run", ("onnxruntime/",)),
     ("encode (to_tensors, V2 encode)", ("encode_infer", "encode_outputs", "_blob ", "_json ",
@@ -637,6 +693,13 @@ def print_table(report: dict[str, Any]) -> None:
         print(f"{m} saturated: server CPU per request: loop "
               f"{r['server_loop_cpu_ms_per_request']:.3f} ms + worker threads "
               f"{r['server_threads_cpu_ms_per_request']:.3f} ms")
+    ab = report.get("ab")
+    if ab:
+        print(f"A/B (A {ab['trees']['a']}, B this tree), tabular binary: c=1 p50 "
+              f"{ab['a']['p50_ms']:.3f} -> {ab['b']['p50_ms']:.3f} ms (paired chunk medians "
+              f"{ab['c1_paired_chunk_median_b_minus_a_ms']:+.3f} ms); saturated "
+              f"x{ab['saturated_b_over_a']:.3f}; CPU a request "
+              f"{ab['cpu_per_request_b_minus_a_ms']:+.3f} ms")
     p = report.get("profile")
     if p and "ms_per_call" in p:
         print(f"profile (py-spy at c=1, tabular binary; {p['samples_busy']} busy samples, "
@@ -659,6 +722,10 @@ def main() -> None:
     p.add_argument("--front-chunks", type=int, default=16)
     p.add_argument("--front-seconds", type=float, default=3.0)
     p.add_argument("--profile-seconds", type=float, default=8.0)
+    p.add_argument("--ab-before", default="",
+                   help="another Sokuji source tree, served beside this one (tabular, c=1 and "
+                   "saturated, alternating): a change measured before/after in one run")
+    p.add_argument("--ab-chunks", type=int, default=30)
     # the goodput search (``_goodput_search.Search`` reads these)
     p.add_argument("--seconds-goodput", dest="seconds", type=float, default=5.0,
                    help="measured seconds per offered rate")
@@ -684,7 +751,7 @@ def main() -> None:
         args.seconds_sat = {"tabular": 1.5, "ocr": 2.5}
         args.rounds, args.warmup_seconds, args.sweep_seconds = 1, 0.5, 0.5
         args.capacity_seconds, args.front_chunks, args.front_seconds = 1.0, 4, 1.0
-        args.profile_seconds = 3.0
+        args.profile_seconds, args.ab_chunks = 3.0, 6
         args.seconds, args.max_steps, args.tolerance, args.max_reruns = 1.5, 3, 0.3, 0
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     parts = {x.strip() for x in args.parts.split(",") if x.strip()}
@@ -726,6 +793,8 @@ def main() -> None:
         raw.close()
     if "front" in parts:
         report["front"] = front_part(args, specs, batch, w)
+    if args.ab_before and "tabular" in specs:
+        report["ab"] = ab_part(args, specs, batch, w["tabular"]["binary"])
     report["wall_s"] = time.monotonic() - began
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
