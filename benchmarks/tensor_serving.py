@@ -658,8 +658,8 @@ def print_table(report: dict[str, Any]) -> None:
             rows.append((f"{m} c=1 added p50 / p99, {form.split('_')[1]}",
                          f"{x['added_p50_ms']:.3f} / {x['added_p99_ms']:.3f} ms",
                          f"<= {TARGETS['c1_added_ms']} ms",
-                         f"raw {r['raw']['p50_ms']:.3f} ms; floor +"
-                         f"{r['http_floor']['added_p50_ms']:.3f}"))
+                         f"raw {r['raw']['p50_ms']:.3f} ms; HTTP floor (no model) "
+                         f"{r['http_floor']['p50_ms']:.3f} ms"))
     for m, r in report.get("saturated", {}).items():
         extra = f"; at b{r['max_batch_size']}: {r['ratio_at_max_batch']:.3f}" \
             if "ratio_at_max_batch" in r else ""
