@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import http.client
 import json
 import math
@@ -26,9 +27,14 @@ DISTURBED_SHARE = 0.1
 TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
 
-def open_loop(port: int, rate: float, seed: int, args: argparse.Namespace) -> RunResult:
-    """Poisson arrivals at ``rate`` for warm-up + measured seconds, one short text each."""
-    target = Target(kind=TargetKind.V2, base_url=f"http://127.0.0.1:{port}", model="minilm")
+def open_loop(port: int, rate: float, seed: int, args: argparse.Namespace,
+              target: Any = None) -> RunResult:
+    """Poisson arrivals at ``rate`` for warm-up + measured seconds, one short text each (or
+    what ``target`` sends: anything with ``url``, ``body(item)``, ``request_headers()`` and
+    ``streaming``, as ``sokuji.bench.targets.Target``)."""
+    if target is None:
+        target = Target(kind=TargetKind.V2, base_url=f"http://127.0.0.1:{port}",
+                        model="minilm")
     engine = Engine(target, dataset.Sampler(dataset.load("short"), seed),
                     timeout_s=args.timeout)
     times = intended_times(rate, Arrivals.POISSON, seed,
@@ -53,10 +59,10 @@ def core_busy_s(core: int) -> float:
     raise RuntimeError(f"no cpu{core} in /proc/stat")
 
 
-def batch_counts(port: int) -> Counter[int]:
+def batch_counts(port: int, model: str = "minilm") -> Counter[int]:
     """Sokuji's executions by batch size so far (Triton statistics extension)."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    conn.request("GET", "/v2/models/minilm/stats")
+    conn.request("GET", f"/v2/models/{model}/stats")
     doc = json.loads(conn.getresponse().read())
     conn.close()
     return Counter({int(b["batch_size"]): int(b["compute_infer"]["count"])
@@ -64,15 +70,17 @@ def batch_counts(port: int) -> Counter[int]:
 
 
 def probed_run(port: int, pid: int, sokuji: bool, rate: float, seed: int,
-               args: argparse.Namespace) -> tuple[RunResult, dict[str, Any]]:
+               args: argparse.Namespace, target: Any = None, model: str = "minilm",
+               pids: tuple[int, ...] = ()) -> tuple[RunResult, dict[str, Any]]:
     """``open_loop`` plus the server's CPU time over it (and Sokuji's batches), and how busy
-    its core was with anything else (other processes, interrupts)."""
-    before = batch_counts(port) if sokuji else Counter()
-    cpu0, core0 = process_cpu_s(pid), core_busy_s(args.server_core)
+    its core was with anything else (other processes, interrupts). ``pids``: more processes
+    of the same server (worker processes), their CPU time counted as the server's."""
+    before = batch_counts(port, model) if sokuji else Counter()
+    cpu0, core0 = _cpu_s((pid, *pids)), core_busy_s(args.server_core)
     client0, mine0 = core_busy_s(args.client_core), time.process_time()
     t0 = time.perf_counter()
-    run = open_loop(port, rate, seed, args)
-    cpu_s = process_cpu_s(pid) - cpu0
+    run = open_loop(port, rate, seed, args, target)
+    cpu_s = _cpu_s((pid, *pids)) - cpu0
     probe: dict[str, Any] = {
         "cpu_s": cpu_s, "wall_s": time.perf_counter() - t0, "requests": len(run.records),
         "other_cpu_s": core_busy_s(args.server_core) - core0 - cpu_s,
@@ -80,8 +88,16 @@ def probed_run(port: int, pid: int, sokuji: bool, rate: float, seed: int,
         "client_core_other_cpu_s": core_busy_s(args.client_core) - client0
         - (time.process_time() - mine0)}
     if sokuji:
-        probe["batches"] = dict(batch_counts(port) - before)
+        probe["batches"] = dict(batch_counts(port, model) - before)
     return run, probe
+
+
+def _cpu_s(pids: tuple[int, ...]) -> float:
+    total = 0.0
+    for p in pids:
+        with contextlib.suppress(OSError):  # a worker process that ended meanwhile
+            total += process_cpu_s(p)
+    return total
 
 
 def probe_figures(probes: list[dict[str, Any]]) -> dict[str, Any]:
@@ -216,17 +232,22 @@ class Search:
                 "max_rate_meeting_slo": self.final["rate"] if self.final else None}
 
 
-def settle(port: int, slo_ms: float, bound_s: float = 20.0) -> None:
+def settle(port: int, slo_ms: float, bound_s: float = 20.0,
+           request: tuple[str, bytes, dict[str, str]] | None = None) -> None:
     """After an overloaded run, wait until the server has worked off what it still holds (a
     threadpool finishes calls whose clients left): one request at a time until one returns
-    within half the SLO; bounded in time."""
+    within half the SLO; bounded in time. ``request``: (path, body, headers) to send instead
+    of one short text to minilm."""
     body = json.dumps({"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1],
                                    "data": ["is the server idle again"]}]}).encode()
+    path, headers = INFER_PATH, {"content-type": "application/json"}
+    if request is not None:
+        path, body, headers = request
     deadline = time.monotonic() + bound_s
     while time.monotonic() < deadline:
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=bound_s)
         t0 = time.perf_counter()
-        conn.request("POST", INFER_PATH, body, {"content-type": "application/json"})
+        conn.request("POST", path, body, headers)
         conn.getresponse().read()
         conn.close()
         if (time.perf_counter() - t0) * 1e3 < slo_ms / 2:

@@ -113,12 +113,15 @@ class C1Client:
     request bytes, read to Content-Length), so the client's own parsing adds little to the
     figures; returns per-call ms and each response's Server-Timing."""
 
-    def __init__(self, port: int, bodies: list[bytes]) -> None:
+    def __init__(self, port: int, bodies: list[bytes], path: str = "/v2/models/minilm/infer",
+                 headers: dict[str, str] | None = None) -> None:
         self.port = port
+        head = "".join(f"{k}: {v}\r\n" for k, v in
+                       (headers or {"content-type": "application/json"}).items()).encode()
         self.requests = [
-            b"POST /v2/models/minilm/infer HTTP/1.1\r\nhost: 127.0.0.1\r\n"
-            b"content-type: application/json\r\ncontent-length: "
-            + str(len(body)).encode() + b"\r\n\r\n" + body for body in bodies]
+            b"POST " + path.encode() + b" HTTP/1.1\r\nhost: 127.0.0.1\r\n" + head
+            + b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+            for body in bodies]
         self.cursor = 0
 
     def _call(self, sock: socket.socket, request: bytes) -> tuple[int, bytes]:
@@ -132,7 +135,7 @@ class C1Client:
         head, _, body = data.partition(b"\r\n\r\n")
         lines = head.split(b"\r\n")
         status = int(lines[0].split()[1])
-        headers = dict(line.split(b": ", 1) for line in lines[1:])
+        headers = {k.lower(): v for k, v in (line.split(b": ", 1) for line in lines[1:])}
         length = int(headers[b"content-length"])
         while len(body) < length:
             body += sock.recv(65536)
@@ -159,12 +162,13 @@ class C1Client:
 
 
 async def closed_loop(port: int, bodies: list[bytes], concurrency: int, warmup_s: float,
-                      seconds: float) -> dict[str, Any]:
+                      seconds: float, path: str = "/v2/models/minilm/infer",
+                      headers: dict[str, str] | None = None) -> dict[str, Any]:
     """``concurrency`` workers, each sending when its last reply arrived; counts the window."""
     import aiohttp
 
-    url = f"http://127.0.0.1:{port}/v2/models/minilm/infer"
-    headers = {"content-type": "application/json"}
+    url = f"http://127.0.0.1:{port}{path}"
+    headers = headers or {"content-type": "application/json"}
     done: list[tuple[float, float]] = []
     errors = 0
     begin = time.perf_counter()

@@ -25,6 +25,7 @@ over a ``TensorRuntime`` and its own dynamic batcher (``BatchedModel``,
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -103,7 +104,7 @@ class TensorModel(BatchedModel):
                     raise InvalidInput(f"input '{name}' has a batch of {rows}; the other "
                                        f"inputs have {batch}", param=f"inputs.{name}.shape")
                 batch = rows
-            elements += int(np.prod(shape, dtype=np.int64)) if shape else 1
+            elements += math.prod(shape)  # Python ints: ~30x cheaper than np.prod
             feeds[name] = self._array(name, tensor, shape)
         self._elements.check(elements, "the request's input elements")
         return feeds
