@@ -71,6 +71,7 @@ def minilm(minilm_config: cfg.ServerConfig) -> Iterator[TestClient]:
         yield client
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Groups for pytest-xdist (``--dist loadgroup``): a file's tests run on one worker, so
     its module fixtures (a served model, a server process) start once; the files that share
@@ -78,7 +79,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     suite (one server with every kind)."""
     for item in items:
         path = item.nodeid.split("::", 1)[0]
-        if "ray_head" in getattr(item, "fixturenames", ()) or "/test_ray_" in path:
+        if "ray_head" in getattr(item, "fixturenames", ()) or "ray" in Path(path).name:
             group = "ray"
         elif path.startswith("tests/hostile/"):
             group = "hostile"
