@@ -46,7 +46,7 @@ chromium:
 	@test -x /usr/bin/chromium || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
 
 test: lint typecheck redis chromium
-	SOKUJI_TEST_REDIS_URL=redis://127.0.0.1:$(REDIS_PORT)/0 $(BIN)/python -m pytest -q -n 2 --dist loadgroup
+	SOKUJI_TEST_REDIS_URL=redis://127.0.0.1:$(REDIS_PORT)/0 $(BIN)/python -m pytest -q
 
 bench: install
 	$(BIN)/python benchmarks/serving_overhead.py

@@ -17,9 +17,10 @@ from sokuji.server.app import create_app
 from tests.integration.ray_cluster import ray_head, stop_unless_needed  # noqa: F401
 
 ROOT = Path(__file__).resolve().parent.parent
-# `make test` runs two pytest-xdist workers. Each worker has its own Redis database (gw0: the
-# configured one, gw1: the next), so one worker's FLUSHDB never empties the other's (files
-# with a database of their own, 12 and 13, run on one worker: see the groups below).
+# With pytest-xdist (`pytest -n 2 --dist loadgroup`; `make test` runs one worker), each
+# worker has its own Redis database (gw0: the configured one, gw1: the next), so one
+# worker's FLUSHDB never empties the other's (files with a database of their own, 12 and
+# 13, run on one worker: see the groups below).
 _WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
 if _WORKER.startswith("gw") and os.environ.get("SOKUJI_TEST_REDIS_URL"):
     _base, _, _db = os.environ["SOKUJI_TEST_REDIS_URL"].rpartition("/")
