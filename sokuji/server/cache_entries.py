@@ -15,7 +15,8 @@ import orjson
 from sokuji.core.cache import Entry
 from sokuji.core.model import ModelMetadata
 from sokuji.core.tensor import BYTES, Tensor
-from sokuji.server.v2 import binary_data, encode_outputs
+from sokuji.server.v2 import binary_data
+from sokuji.server.v2_encode import encode_outputs
 
 _LENGTH = struct.Struct("<I")
 

@@ -38,7 +38,7 @@ from sokuji.errors import Forbidden, InvalidInput, NotFound, PayloadTooLarge, So
 from sokuji.observability.metrics import CONTENT_TYPE, Metrics
 from sokuji.repository.control import ModelControl
 from sokuji.repository.models import Model, ModelRepository
-from sokuji.server import triton, v2
+from sokuji.server import triton, v2_encode
 from sokuji.server.auth import Authenticator, Tenant
 from sokuji.server.dashboard import Dashboard
 from sokuji.server.failures import ErrorStyle, error_body, to_error
@@ -125,7 +125,7 @@ class ControlPlane:
     async def model_metadata(self, request: Request) -> Response:
         model = self._model(request)
         versions = triton.versions(self.repo.models[model.name])
-        return _json(v2.model_metadata(model.name, versions, triton.metadata(model)))
+        return _json(v2_encode.model_metadata(model.name, versions, triton.metadata(model)))
 
     async def model_ready(self, request: Request) -> Response:
         return Response(status_code=200 if self._model(request).ready else 503)

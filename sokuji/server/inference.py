@@ -30,7 +30,7 @@ from sokuji.core.request import Stage, Timeline
 from sokuji.core.tensor import InferRequest
 from sokuji.observability.metrics import Metrics
 from sokuji.repository.models import Model, ModelRepository
-from sokuji.server import apis, cache_entries, openai_api, scheduling, uploads, v2
+from sokuji.server import apis, cache_entries, openai_api, scheduling, uploads, v2, v2_encode
 from sokuji.server.auth import Authenticator, Tenant
 from sokuji.server.http import JSON, BodyTimeout, Headers, check_content_type, read_body
 
@@ -120,7 +120,7 @@ class Inference:
             entry, report = await self._cached(model, ctx, parts, tensors,
                                                headers.get("cache-control", ""))
             outputs = cache_entries.tensors(entry, meta)
-        payload, out_headers = v2.encode_infer(model.name, model.served_version,
+        payload, out_headers = v2_encode.encode_infer(model.name, model.served_version,
                                                request.request_id, outputs, request.outputs)
         if model.variant:
             out_headers[VARIANT_HEADER] = model.variant

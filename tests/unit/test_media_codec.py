@@ -19,7 +19,7 @@ from sokuji.errors import BadRequest, InvalidInput, TooManyItems, UnsupportedMed
 from sokuji.media import audio
 from sokuji.media.image import MEDIA_TYPES
 from sokuji.media.model import MediaModel
-from sokuji.server import uploads, v2
+from sokuji.server import uploads, v2, v2_encode
 
 PNGISH = b"\x89PNG\r\n\x1a\n\xff\xfe\x00 not utf-8 \x80"
 META = ModelMetadata("x", (TensorSpec("image", "BYTES", (-1,), media_types=MEDIA_TYPES),),
@@ -135,15 +135,15 @@ def test_outputs_json_and_binary() -> None:
     tensors = [Tensor("text", "BYTES", (2,), ["héllo", "b"]),
                Tensor("scores", "FP32", (2,), np.array([0.5, 0.25])),
                Tensor("image_index", "INT32", (2,), np.array([0, 1]))]
-    docs, blobs = v2.encode_outputs(tensors, {"text": False, "scores": False,
+    docs, blobs = v2_encode.encode_outputs(tensors, {"text": False, "scores": False,
                                               "image_index": False})
     assert docs[0]["data"] == ["héllo", "b"] and not blobs
-    docs, blobs = v2.encode_outputs(tensors, {"text": True, "image_index": False})
+    docs, blobs = v2_encode.encode_outputs(tensors, {"text": True, "image_index": False})
     assert [d["name"] for d in docs] == ["text", "image_index"]
     raw = "héllo".encode()
     assert blobs == [struct.pack("<I", len(raw)) + raw + struct.pack("<I", 1) + b"b"]
     assert docs[0]["parameters"]["binary_data_size"] == len(blobs[0])
-    _, blobs = v2.encode_outputs(tensors, {"scores": True})
+    _, blobs = v2_encode.encode_outputs(tensors, {"scores": True})
     assert np.frombuffer(blobs[0], np.float32).tolist() == [0.5, 0.25]
     with pytest.raises(InvalidInput, match="nope"):
         body, head = binary_request([PNGISH], outputs=[{"name": "nope"}])

@@ -14,7 +14,7 @@ import pytest
 from sokuji.core.model import ModelMetadata, TensorSpec
 from sokuji.core.tensor import DTYPES, Tensor
 from sokuji.errors import BadRequest, InvalidInput
-from sokuji.server import cache_entries, v2
+from sokuji.server import cache_entries, v2, v2_encode
 
 NUMERIC = sorted(DTYPES)
 VALUES: dict[str, list[Any]] = {
@@ -187,11 +187,11 @@ def test_outputs_both_ways_and_packed(datatype: str) -> None:
         array = np.array(VALUES[datatype], dtype=DTYPES[datatype]).reshape(3, 2)
         tensor = Tensor("o", datatype, (3, 2), array)
         as_json, blob = array.reshape(-1).tolist(), array.tobytes()
-    body, headers = v2.encode_infer("m", "1", "rid", [tensor], {"o": False})
+    body, headers = v2_encode.encode_infer("m", "1", "rid", [tensor], {"o": False})
     doc = orjson.loads(body)
     assert doc["id"] == "rid" and doc["outputs"][0]["data"] == as_json
     assert doc["outputs"][0]["shape"] == list(tensor.shape)
-    body, headers = v2.encode_infer("m", "1", "", [tensor], {"o": True})
+    body, headers = v2_encode.encode_infer("m", "1", "", [tensor], {"o": True})
     n = int(headers[v2.HEADER_LENGTH])
     assert body[n:] == blob
     assert orjson.loads(body[:n])["outputs"][0]["parameters"] == {"binary_data_size": len(blob)}
