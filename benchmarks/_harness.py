@@ -84,8 +84,16 @@ batching = "{batching}"
 
     def __enter__(self) -> Server:
         self.proc = subprocess.Popen(self.command, cwd=ROOT)
-        deadline = time.monotonic() + 120
+        return self.wait_ready(120)
+
+    def wait_ready(self, timeout_s: float) -> Server:
+        """Poll ``ready_path`` until it answers 200 (the child's start-up), at most
+        ``timeout_s``; an exited child or the timeout raises."""
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}: {self.command}")
             try:
                 conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=1)
                 conn.request("GET", self.ready_path)

@@ -130,21 +130,9 @@ class GroupServer(Server):
     worker processes behind on SIGTERM otherwise)."""
 
     def __enter__(self) -> GroupServer:
-        import http.client
-
         self.proc = subprocess.Popen(self.command, cwd=ROOT, start_new_session=True)
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}: {self.command}")
-            try:
-                conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=1)
-                conn.request("GET", self.ready_path)
-                if conn.getresponse().status == 200:
-                    return self
-            except OSError:
-                time.sleep(0.2)  # polling a child's start-up
-        raise TimeoutError(f"server did not become ready: {self.command}")
+        self.wait_ready(180)
+        return self
 
     def __exit__(self, *exc: object) -> None:
         assert self.proc is not None
