@@ -21,6 +21,9 @@
     ├── Overloaded (429)           queue or concurrency limit: rejected at once, with Retry-After
     ├── DeadlineExceeded (504)     could not start before its deadline: never computed
     ├── StepFailed (502, or the step's 4xx / 429 / 503 / 504)  a pipeline step failed
+    ├── ModelCodeFailed (502)      a Python model's own code raised (its type named)
+    ├── BadModelOutput (502)       a Python model returned what it may not (wrong count, type)
+    ├── WorkerLost (503)           a Python model's worker process crashed or hung: replaced
     └── RuntimeFailed (500)        the runtime raised while running a batch
 
 Third-party exceptions are translated at the adapter boundary (``raise RuntimeFailed(...) from
@@ -168,6 +171,40 @@ class RouteUnavailable(SokujiError):
 
     status = 503
     code = "route_unavailable"
+
+    def __init__(self, message: str, *, retry_after_s: int = 1) -> None:
+        super().__init__(message, headers={"retry-after": str(retry_after_s)})
+        self.retry_after_s = retry_after_s
+
+
+class ModelCodeFailed(SokujiError):
+    """502: a Python model's own code (``setup`` aside: that stops start-up) raised while it
+    ran a batch. Only that batch's requests fail; the message names the model and the
+    exception's type, never its text or traceback (they go to the log): a batch mixes
+    tenants, and an exception's text may carry another request's data. A 502, not a 500: the
+    server is a gateway to the model's code, which gave no valid answer; a 500 stays a
+    Sokuji bug."""
+
+    status = 502
+    code = "model_error"
+
+
+class BadModelOutput(SokujiError):
+    """502: a Python model returned what its contract does not allow (a number of results
+    other than the batch's, a value that is not an array or a JSON value, an output its
+    metadata does not name); the message names the model and what was wrong."""
+
+    status = 502
+    code = "bad_model_output"
+
+
+class WorkerLost(SokujiError):
+    """503 with Retry-After: the worker process running this request's batch exited (a
+    crash, ``os._exit``, a signal) or ran past the model's ``timeout_ms`` and was killed; a
+    new one is being started, so a retry is served."""
+
+    status = 503
+    code = "worker_lost"
 
     def __init__(self, message: str, *, retry_after_s: int = 1) -> None:
         super().__init__(message, headers={"retry-after": str(retry_after_s)})
