@@ -57,6 +57,10 @@ class Api(enum.StrEnum):
     GENERATE = "generate"
     """OpenAI chat / completions: ``prepare`` takes a ``GenerationInput``; the handle is a
     stream of ``Delta`` then one ``Finish`` (``core/events.py``) with a ``timing``."""
+    PREDICT = "predict"
+    """Plain JSON in, plain JSON out (a Python model's ``POST /v2/models/{m}/predict``):
+    ``prepare`` takes the body's object (or the class's typed input); ``to_json`` gives the
+    answer's JSON value."""
     STREAM = "stream"
     """A body streamed in, records streamed out as they are known (``open_stream``)."""
 
@@ -116,6 +120,11 @@ class ModelMetadata:
     platform: str
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
+    open: bool = False
+    """The model takes whatever named tensors a request sends, and may answer any outputs (a
+    Python model that declares none): the V2 codec checks each tensor against itself only
+    (its datatype, shape and data), and a request may send none, its values in
+    ``parameters``. ``inputs`` / ``outputs`` then say what was seen, for the metadata."""
 
 
 @dataclass(slots=True)

@@ -86,7 +86,7 @@ def load(entry: str, key: str, base: Path | None = None) -> UserCode:
         module = _import(where, base)
     except ConfigError:
         raise
-    except BaseException as exc:  # the user's module ran and failed: say where, briefly
+    except (Exception, SystemExit) as exc:  # the user's module failed: say where, briefly
         raise ConfigError.for_key(key, entry, f"cannot be imported: {_last_line(exc)}") \
             from exc
     target = getattr(module, name, None)
@@ -171,7 +171,7 @@ def _types(predict: Any) -> tuple[Any, Any]:
     typed records; None where the annotation is absent or a dict."""
     try:
         hints = typing.get_type_hints(predict)
-    except Exception:  # an annotation that names what is not importable: untyped
+    except Exception:  # noqa: BLE001 (an annotation naming what cannot be imported: untyped)
         return None, None
     params = [p for p in _params(predict) if p != "self"]
     in_t = _element(hints.get(params[0])) if params else None

@@ -25,7 +25,7 @@ def set_up(code: UserCode, options: dict[str, Any], model: str) -> Any:
     if setup is not None:
         try:
             setup(options) if code.takes_options else setup()
-        except BaseException as exc:
+        except (Exception, SystemExit) as exc:
             log.error("model %s: setup failed", model, exc_info=exc)
             raise ConfigError(f"model '{model}' ({code.entry}): setup failed: "
                               f"{last_line(exc)}") from None
@@ -50,6 +50,14 @@ class ThreadRunner:
     @property
     def alive(self) -> bool:
         return self._started
+
+    def describe(self) -> Any:
+        """The class's ``describe()``, asked of a set-up instance."""
+        instance = self._free.get()
+        try:
+            return instance.describe()
+        finally:
+            self._free.put(instance)
 
     def run(self, batch: list[Any]) -> Ran:
         instance = self._free.get()

@@ -82,7 +82,7 @@ def invoke(code: UserCode, instance: Any, batch: list[Any], model: str,
                 out = instance.predict(batch)
         except SokujiError:
             raise
-        except BaseException as exc:
+        except Exception as exc:  # noqa: BLE001 (the user's code: whatever it raises is its own failure)
             raise failed(model, exc) from None
     return Ran(results.check(out, len(batch), model, code.output_type, code.function)
                if not code.streams else out, stages)
@@ -100,7 +100,7 @@ def invoke_stream(code: UserCode, instance: Any, batch: list[Any], model: str,
                 last = _merge(last, checked)
         except SokujiError:
             raise
-        except BaseException as exc:
+        except Exception as exc:  # noqa: BLE001 (the user's code: whatever it raises is its own failure)
             raise failed(model, exc) from None
     return Ran(last, stages)
 

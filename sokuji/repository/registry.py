@@ -36,6 +36,7 @@ BUILTIN = {
     "router": "sokuji.kinds.router.kind:KIND",
     "pipeline": "sokuji.kinds.pipeline.kind:KIND",
     "ensemble": "sokuji.kinds.ensemble.kind:KIND",
+    "python": "sokuji.kinds.python.kind:KIND",
 }
 """Built-in kinds: runtime name -> ``module:attribute`` of its ``Kind``."""
 TABLES = {"pipelines": "pipeline"}

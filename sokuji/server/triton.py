@@ -73,7 +73,10 @@ def _dims(spec: TensorSpec, batching: bool) -> list[int]:
 
 def metadata(model: Model) -> ModelMetadata:
     """The V2 metadata's view of the model: shapes as Triton derives them from the config
-    (``[-1, *dims]`` when batched)."""
+    (``[-1, *dims]`` when batched). An open model's (a Python model's that declares none)
+    is what it has seen so far, read from the served model."""
+    if model.metadata.open:
+        return model.served.metadata
     if not batched(model):
         return model.metadata
 

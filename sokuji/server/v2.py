@@ -107,7 +107,7 @@ def _decode_plain(body: bytes, meta: ModelMetadata) -> InferRequest | None:
         doc = _PLAIN.decode(body)
     except msgspec.DecodeError:
         return None
-    if len(doc.inputs) != 1:
+    if len(doc.inputs) != 1 or meta.open:
         return None
     tensor = doc.inputs[0]
     spec = _spec(meta, tensor.name)
@@ -127,6 +127,26 @@ def _decode_plain(body: bytes, meta: ModelMetadata) -> InferRequest | None:
         {tensor.name: Tensor(tensor.name, BYTES, tuple(shape), texts,
                              tensor.parameters or {})},
         doc.id, parameters, _requested_outputs(doc.outputs, meta, all_binary))
+
+
+def _open_spec(name: str, raw: dict[str, Any]) -> TensorSpec:
+    """An open model's spec of a tensor as sent: its own datatype, any size on each of its
+    dimensions (``_tensor`` still checks the datatype, the shape and the data)."""
+    datatype, shape = raw.get("datatype"), raw.get("shape")
+    return TensorSpec(name, datatype if isinstance(datatype, str) else "",
+                      (-1,) * len(shape) if isinstance(shape, list) else ())
+
+
+class _Every(dict[str, bool]):
+    """An open model's requested outputs when the request names none: every output it
+    answers, binary as ``binary_data_output`` says."""
+
+    def __init__(self, binary: bool) -> None:
+        super().__init__()
+        self.binary = binary
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.binary
 
 
 def _spec(meta: ModelMetadata, name: str) -> TensorSpec | None:
@@ -168,8 +188,10 @@ def _decode_full(body: bytes, head_length: int | None, meta: ModelMetadata) -> I
         raise InvalidInput(f"parameter 'binary_data_output' must be a boolean, got "
                            f"{brief(all_binary)}", param="parameters.binary_data_output")
     raw_inputs = doc.get("inputs")
-    required = [s.name for s in meta.inputs if not s.optional]
-    if not isinstance(raw_inputs, list) or not raw_inputs:
+    required = [s.name for s in meta.inputs if not s.optional] if not meta.open else []
+    if meta.open and raw_inputs is None:
+        raw_inputs = []  # a request of parameters only (a Python model's plain values)
+    if not isinstance(raw_inputs, list) or (not raw_inputs and not meta.open):
         needs = f" (the model needs input '{required[0]}')" if required else ""
         raise InvalidInput(f"'inputs' must be a non-empty list{needs}", param="inputs")
     inputs: dict[str, Tensor] = {}
@@ -179,7 +201,7 @@ def _decode_full(body: bytes, head_length: int | None, meta: ModelMetadata) -> I
             raise InvalidInput("each input must be an object with a string 'name'",
                                param="inputs")
         name = raw["name"]
-        spec = _spec(meta, name)
+        spec = _spec(meta, name) if not meta.open else _open_spec(name, raw)
         if spec is None:
             known = ", ".join(s.name for s in meta.inputs) or "no inputs"
             raise InvalidInput(f"unexpected input {brief(name)}; the model takes: {known}",
@@ -399,7 +421,7 @@ def _requested_outputs(outputs: Any, meta: ModelMetadata, all_binary: bool) -> d
     output, binary as the request-level ``binary_data_output`` says."""
     known = [o.name for o in meta.outputs]
     if outputs is None:
-        return dict.fromkeys(known, all_binary)
+        return _Every(all_binary) if meta.open else dict.fromkeys(known, all_binary)
     if not isinstance(outputs, list):
         raise InvalidInput("'outputs' must be a list", param="outputs")
     chosen: dict[str, bool] = {}
@@ -408,7 +430,7 @@ def _requested_outputs(outputs: Any, meta: ModelMetadata, all_binary: bool) -> d
         if not isinstance(name, str):
             raise InvalidInput(f"outputs[{i}] must be an object with a string 'name'",
                                param="outputs")
-        if name not in known:
+        if name not in known and not meta.open:
             raise InvalidInput(f"unknown output {brief(name)}; the model gives: "
                                f"{', '.join(known)}", param="outputs")
         oparams = _object(out, "parameters", f"output '{name}' parameters",
@@ -419,4 +441,6 @@ def _requested_outputs(outputs: Any, meta: ModelMetadata, all_binary: bool) -> d
                                f"got {brief(binary)}",
                                param=f"outputs.{name}.parameters.binary_data")
         chosen[name] = binary
+    if meta.open:
+        return chosen
     return {name: chosen[name] for name in known if name in chosen}
