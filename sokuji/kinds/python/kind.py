@@ -91,6 +91,7 @@ _KEYS = frozenset(f.name for f in msgspec.structs.fields(PythonOptions))
 
 class PythonKind(Kind):
     options = PythonOptions
+    triton_backend = "python"
 
     def parse(self, model: ModelConfig, at: str) -> Parsed:
         table = dict(model.options)
@@ -121,6 +122,11 @@ class PythonKind(Kind):
                     raise ConfigError.for_key(f"{at}.options.{key}[{i}].datatype",
                                               spec.datatype,
                                               f"must be one of {', '.join(sorted(DATATYPES))}")
+        if o.workers and model.instances not in (1, o.workers):
+            raise ConfigError.for_key(f"{at}.instances", model.instances,
+                                      f"a Python model with workers runs one batch per "
+                                      f"worker process: options.workers ({o.workers}) sets "
+                                      "its instances")
         if (o.timeout_ms or o.max_rss_mb) and not o.workers:
             key = "timeout_ms" if o.timeout_ms else "max_rss_mb"
             raise ConfigError.for_key(f"{at}.options.{key}", getattr(o, key),
