@@ -34,7 +34,11 @@ batch, and waits for its answer.
   what is left after ``STOP_GRACE_S``, joins them all and unlinks every segment the pool
   and its workers made. A worker also ends when the server does without closing it (it
   exits when its pipe closes, and the kernel kills it when the fork server, its parent,
-  exits with the server: ``worker.py``); ``atexit`` closes every pool still open.
+  exits with the server: ``worker.py``, ``fork_server.py``); ``atexit`` closes every pool
+  still open.
+- **Scripts.** As with any process not forked from the server, multiprocessing imports a
+  script's main module again in each worker: a script that starts a pool keeps its work
+  under ``if __name__ == "__main__":`` (``sokuji serve`` and ``python -m sokuji`` do).
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ import logging
 import math
 import multiprocessing
 import os
+import queue
 import signal
 import sys
 import threading
@@ -69,11 +74,52 @@ STOP_GRACE_S = 5.0
 """How long ``close`` waits for the workers to stop (a batch to end, ``teardown``)."""
 REPLACE_BACKOFF = Backoff(base_s=0.5, cap_s=30.0, jitter=0.2)
 """The wait before trying again to start a worker whose setup failed."""
-PRELOAD = ["sokuji.pycode.worker"]
-"""What the fork server imports once, so a worker does not (numpy with it)."""
+PRELOAD = ["sokuji.pycode.fork_server", "sokuji.pycode.worker"]
+"""What the fork server imports once: its tie to the server's life, and what a worker
+needs (numpy with it), so that no worker imports it again."""
 
 _pools: weakref.WeakSet[ProcessRunner] = weakref.WeakSet()
 _ids = itertools.count(1)
+
+
+class _Keeper:
+    """The thread that starts multiprocessing's fork server (again, if it was killed) and
+    lives as long as the process: the fork server dies with the thread that started it
+    (``fork_server.py``), so no shorter-lived thread (a replacement's) may start it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._asks: queue.SimpleQueue[tuple[threading.Event, list[BaseException]]] = \
+            queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def ensure(self, ctx: Any) -> None:
+        """The fork server running, started by the keeper thread."""
+        with self._lock:
+            if self._thread is None:
+                ctx.set_forkserver_preload(PRELOAD)
+                self._thread = threading.Thread(target=self._keep, name="sokuji-fork-server",
+                                                daemon=True)
+                self._thread.start()
+        done, errors = threading.Event(), list[BaseException]()
+        self._asks.put((done, errors))
+        done.wait()
+        if errors:
+            raise errors[0]
+
+    def _keep(self) -> None:
+        from multiprocessing import forkserver
+
+        while True:
+            done, errors = self._asks.get()
+            try:
+                forkserver.ensure_running()
+            except BaseException as exc:  # noqa: BLE001 - handed to the thread that asked
+                errors.append(exc)
+            done.set()
+
+
+_keeper = _Keeper()
 
 
 class _Lost(Exception):
@@ -149,7 +195,6 @@ class ProcessRunner:
         """Start the workers at once and wait until each is set up; the first failure's
         ``ConfigError`` (the others stopped) when one is not."""
         t0 = time.monotonic()
-        self._ctx.set_forkserver_preload(PRELOAD)
         started: list[_Worker] = []
         try:
             for _ in range(self.workers):
@@ -319,6 +364,7 @@ class ProcessRunner:
         spec = worker.Spec(entry=self._entry, key=self.key, options=self.options,
                            model=self.model, sys_path=_sys_path(), cwd=os.getcwd(),
                            prefix=prefix + "o", min_bytes=self.min_bytes)
+        _keeper.ensure(self._ctx)
         ours, theirs = self._ctx.Pipe(duplex=True)
         process = self._ctx.Process(target=worker.main, args=(theirs, spec),
                                     name=f"sokuji-{self.model}-{wid}")

@@ -6,17 +6,19 @@ one at a time, through the same ``invoke`` / ``invoke_stream`` as a thread of th
 What the server receives for a batch, in order: for a stream, a ``step`` message per step
 (pickled in band: the worker goes on to the next step at once, so a step cannot reuse the
 one shared memory segment the reader may still be copying out of); then ``done`` with the
-results (large buffers through shared memory) and the stages the code reported, or
-``error`` with the ``SokujiError`` the batch failed with (``ModelCodeFailed``,
-``BadModelOutput``), pickled whole; the worker stays up for the next batch. A stream the
-server stops (its ``emit`` failed) gets a ``cancel`` between steps: the generator is
-closed and the answer is ``cancelled``.
+results (large buffers through shared memory) and the stages the code reported, or ``error``
+with the ``SokujiError`` the batch failed with (``ModelCodeFailed``, ``BadModelOutput``),
+pickled whole; the worker stays up for the next batch. A stream the server stops (its
+``emit`` failed) gets a ``cancel`` between steps: the generator is closed and the answer is
+``cancelled``.
 
 The worker never outlives the server: it exits when its pipe closes (the server is gone or
-closed it), and the kernel kills it when its parent dies (``PR_SET_PDEATHSIG``; its parent
-is multiprocessing's fork server, which exits when the server does), even in the middle of
-an endless loop. It ignores SIGINT (a Ctrl-C in the terminal reaches the whole process
-group; the server decides when its workers stop) and takes SIGTERM's default (it dies).
+closed it: its main loop reads end of file, and a watching thread sees the hang-up even
+while the model's code runs), and the kernel kills it when its parent dies
+(``PR_SET_PDEATHSIG``: its parent is multiprocessing's fork server, which the kernel kills
+with the server, ``fork_server.py``), even in the middle of an endless loop. It ignores
+SIGINT (a Ctrl-C in the terminal reaches the whole process group; the server decides when
+its workers stop) and takes SIGTERM's default (it dies).
 """
 
 from __future__ import annotations
@@ -25,8 +27,10 @@ import contextlib
 import ctypes
 import logging
 import os
+import select
 import signal
 import sys
+import threading
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -65,7 +69,8 @@ class _Cancelled(SokujiError):
 
 def main(conn: Connection, spec: Spec) -> None:
     """The worker process's body (multiprocessing's target)."""
-    _die_with_parent()
+    die_with_parent()
+    _watch(conn)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     sys.path[:] = spec.sys_path
     with contextlib.suppress(OSError):
@@ -164,8 +169,29 @@ def _answer_error(conn: Connection, model: str, exc: SokujiError) -> None:
         pass  # the server is gone: the next read says so
 
 
-def _die_with_parent() -> None:
-    """Linux: SIGKILL when the parent (the fork server's single thread) exits."""
+def _watch(conn: Connection) -> None:
+    """A thread that ends the process when the server's end of the pipe closes, in case
+    the kernel does not (a fork server started by other code than the pool's); it runs
+    while the main thread is in the model's Python code (the GIL changes hands every few
+    milliseconds), not while C code holds the GIL without end."""
+    if not hasattr(select, "POLLRDHUP"):
+        return
+    fd = conn.fileno()
+
+    def watch() -> None:
+        poller = select.poll()
+        poller.register(fd, select.POLLRDHUP)
+        while True:
+            for _, events in poller.poll():
+                if events & (select.POLLRDHUP | select.POLLHUP | select.POLLERR | select.POLLNVAL):
+                    os._exit(0)
+
+    threading.Thread(target=watch, name="sokuji-worker-watch", daemon=True).start()
+
+
+def die_with_parent() -> None:
+    """Linux: SIGKILL when the parent thread exits (a worker's: the fork server's one
+    thread; the fork server's: the pool's keeper thread)."""
     if not sys.platform.startswith("linux"):
         return
     try:
