@@ -10,7 +10,7 @@ batch, and waits for its answer.
   worker loads the model's entry itself and sets up one instance (``worker.py``); ``start``
   returns when all are ready, or raises the ``ConfigError`` of the first that failed (its
   setup's traceback's last line, or how it exited) and stops the others.
-- **Hand-off.** The batch and the results are pickled; numpy buffers of 64 KB or more go
+- **Hand-off.** The batch and the results are pickled; numpy buffers of 128 KB or more go
   through a shared memory segment per worker and direction instead of the pipe
   (``shm.py``, measured in ``benchmarks/python_handoff.py``).
 - **A lost worker.** A worker that dies while it runs a batch (a segfault, ``os._exit``, a

@@ -11,13 +11,16 @@ keep its inputs; the server encodes results after the worker has moved on). Ever
 smaller, and what is not a contiguous array (object arrays of strings, typed records,
 scalars), stays in the pickle.
 
-Why ``MIN_BYTES`` (``benchmarks/python_handoff.py``, one echo round trip through a worker,
-shared memory against plain pickling over the pipe, ``benchmarks/results/
-python_handoff.json``): at 1 KB the two cost the same (~0.1 ms: the hop is the pipe's
-wake-ups, not the bytes); from 64 KB shared memory is faster, ~2x at 1 MB and ~3x at 16 MB,
-because a pickled buffer is copied four times and crosses the pipe in 64 KB pieces, each a
+Why ``MIN_BYTES`` (``benchmarks/python_handoff.py``: the median round trip of one
+request's float32 ``x`` through an echo model's one worker, every buffer through shared
+memory against plain pickling over the pipe; 2 cores, load ~0.6): 1 KB 0.20 / 0.12 ms
+(shared memory loses: its table and copies cost more than the bytes), 64 KB 0.22 / 0.21,
+128 KB 0.24 / 0.24 (even), 256 KB 0.33 / 0.85 (2.6x), 1 MB 0.71 / 2.87 (4x), 16 MB 8.1 /
+60 ms (7x): a pickled buffer is copied four times and crosses the pipe in pieces, each a
 wake-up of the other side, where shared memory costs two copies and no wake-up. So a buffer
-of 64 KB or more goes through shared memory.
+of 128 KB or more goes through shared memory, a smaller one in the pickle. (The call in a
+thread of the server costs 0.01 ms at 1 KB: a process hop adds ~0.1 ms at 1 KB, ~0.3 ms at
+256 KB, ~7 ms at 16 MB.)
 
 Each side owns the segments it creates (the server: its requests'; a worker: its
 results'), grows its one segment as a message needs (a power of two, at least
@@ -44,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-MIN_BYTES = 64 * 1024
+MIN_BYTES = 128 * 1024
 """The smallest buffer sent through shared memory (see the module's docstring)."""
 NEVER = 1 << 62
 """A ``min_bytes`` that sends nothing through shared memory (plain pickling)."""

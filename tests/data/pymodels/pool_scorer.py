@@ -14,7 +14,7 @@ class Scorer:
     deterministic = True
 
     def setup(self, options: dict) -> None:
-        self.rounds = int(options.get("rounds", 3))
+        self.rounds = int(options.get("rounds", 12))
 
     def predict(self, inputs: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
         out = []
