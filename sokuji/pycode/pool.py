@@ -580,7 +580,10 @@ def _absolute_entry(code: UserCode) -> str:
 
 
 def _sys_path() -> list[str]:
-    return [os.path.abspath(p) if p else os.getcwd() for p in sys.path]
+    """The server's ``sys.path`` for a worker: relative folders made absolute, entries that
+    are no folder (an editable install's path hook) kept as they are."""
+    return [os.getcwd() if not p else os.path.abspath(p)
+            if not os.path.isabs(p) and os.path.isdir(p) else p for p in sys.path]
 
 
 def _rss_mb(pid: int) -> float | None:
