@@ -61,3 +61,17 @@ class PydanticEcho:
     def predict(self, inputs: list[Query]) -> list[Reply]:
         self.calls += len(inputs)
         return [Reply(text=q.text * q.repeat, count=self.calls) for q in inputs]
+
+
+class Counted:
+    """Deterministic (the response cache may keep its answers): each answer says how many
+    requests predict has seen, so a cached answer shows as an unchanged count."""
+
+    deterministic = True
+
+    def setup(self, options: dict) -> None:
+        self.calls = 0
+
+    def predict(self, inputs: list[dict]) -> list[dict]:
+        self.calls += len(inputs)
+        return [{"echo": item, "calls": self.calls} for item in inputs]
