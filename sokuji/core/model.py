@@ -337,6 +337,11 @@ class ServedModel(Protocol):
     def to_plain(self, result: Any) -> dict[str, Any]:
         """The answer to a plain upload (its one input's file as the body) as plain JSON."""
 
+    # -- Api.PREDICT ------------------------------------------------------------------------
+    def to_json(self, result: Any) -> Any:
+        """The handle's ``result()`` (or, for a model that ``streams``, one of the partials
+        its ``events()`` yields) as a plain JSON value."""
+
     # -- Api.STREAM -------------------------------------------------------------------------
     def open_stream(self, content_type: str, params: Mapping[str, str],
                     ctx: RequestContext) -> RecordStream:
@@ -368,6 +373,9 @@ class ModelBase:
 
     def to_plain(self, result: Any) -> dict[str, Any]:
         raise NotImplementedError(f"{type(self).__name__} takes no plain uploads")
+
+    def to_json(self, result: Any) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} does not serve predict")
 
     def open_stream(self, content_type: str, params: Mapping[str, str],
                     ctx: RequestContext) -> RecordStream:

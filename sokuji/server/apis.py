@@ -16,6 +16,8 @@ def routes(api: Api, model: str) -> tuple[str, ...]:
         return ("/v1/embeddings",)
     if api is Api.GENERATE:
         return ("/v1/chat/completions", "/v1/completions")
+    if api is Api.PREDICT:
+        return (f"/v2/models/{model}/predict",)
     return (f"/v2/models/{model}/infer (Accept: application/x-ndjson)",)
 
 

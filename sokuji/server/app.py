@@ -44,7 +44,7 @@ from sokuji.observability.observers import Observers
 from sokuji.repository.control import ModelControl
 from sokuji.repository.models import Model, ModelRepository
 from sokuji.repository.sources import source_for
-from sokuji.server import backends, llm_api, scheduling, stream, v2
+from sokuji.server import backends, llm_api, predict, scheduling, stream, v2
 from sokuji.server.accounting import Accounting
 from sokuji.server.auth import Tenant
 from sokuji.server.control import ControlPlane
@@ -91,6 +91,10 @@ class SokujiApp:
         """The ``Host`` names answered (``hosts.py``); None: any."""
         self.streams = stream.Streams(inference.config.streams, bool(inference.config.api_keys))
         """Streams in flight and their admission (``stream.py``)."""
+        self.predict = predict.Predict(inference, self.accounting)
+        """``Api.PREDICT``: plain JSON, or Server-Sent Events from a streaming model
+        (``predict.py``)."""
+        self._answer_predict = self.predict.answer  # (one bound method: ``route`` returns it)
 
     def route(self, path: str) -> Route | None:
         if path == "/v1/embeddings":
@@ -102,6 +106,11 @@ class SokujiApp:
             if len(parts) == 7 and parts[3] and parts[4] == "versions" and parts[5]:
                 return (self.inference.v2_infer,
                         {"model_name": parts[3], "version": parts[5]}, ErrorStyle.V2)
+        elif path.endswith("/predict") and (path.startswith("/v2/models/")
+                                            or path == predict.ALIAS):
+            params = predict.route(path)
+            if params is not None:
+                return self._answer_predict, params, ErrorStyle.V2
         return None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -156,6 +165,11 @@ class SokujiApp:
             reply = await self.guard(method, path, route[1], self.stream(
                 route[1], headers, scope.get("query_string", b""), receive, send, t0,
                 tenant), style, tenant, t0)
+        elif route is not None and route[0] is self._answer_predict \
+                and self.predict.streaming(route[1], tenant):
+            await self.predict.stream(path, route[1], headers, receive, send, t0, tenant,
+                                      None if self.tracer is None else self._sample(headers))
+            return
         else:
             reply = await self.respond(method, path, headers, receive, t0, tenant, route,
                                        None if self.tracer is None else self._sample(headers))

@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
-from typing import ParamSpec, TypeVar, cast
+from typing import ParamSpec, Protocol, TypeVar, cast
 
 from starlette.types import Receive, Send
 
@@ -53,6 +53,10 @@ INLINE_MAX_BYTES = 4 * 1024
 """Bodies up to this size are decoded on the event loop; larger ones in a worker thread."""
 P = ParamSpec("P")
 T = TypeVar("T")
+
+
+class Cancellable(Protocol):
+    def cancel(self) -> None: ...
 
 
 async def _maybe_off_loop(off: bool, fn: Callable[P, T], *args: P.args,
@@ -103,7 +107,7 @@ class Generation:
             self.accounting.refused(model_name, tenant.name, refusal, t0, operation, path,
                                     req.model if model_name else "", trace, exc)
             return
-        watcher = asyncio.create_task(self._watch(receive, gen))
+        watcher = asyncio.create_task(cancel_on_disconnect(receive, gen))
         finish: Finish | None = None
         failure: SokujiError | None = None
         try:
@@ -119,14 +123,6 @@ class Generation:
             await _reply_error(send, failure)
         self.accounting.generated(model_name, tenant.name, gen, finish, failure, operation,
                                   req, path, trace)
-
-    @staticmethod
-    async def _watch(receive: Receive, gen: GenerationHandle) -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                gen.cancel()
-                return
 
     async def _respond(self, send: Send, req: llm_codec.CompletionRequest,
                        gen: GenerationHandle, model: Model) -> tuple[Finish, bool]:
@@ -206,6 +202,16 @@ class Generation:
                 await send({"type": "http.response.body", "body": b"".join(out),
                             "more_body": True})
             pending = await gen.next_events()
+
+
+async def cancel_on_disconnect(receive: Receive, handle: Cancellable) -> None:
+    """Watch ``receive`` for the whole of a streamed answer; the client going away cancels
+    ``handle`` (a generation's, or any streaming handle's: ``server/predict.py``)."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            handle.cancel()
+            return
 
 
 async def _reply_error(send: Send, exc: SokujiError) -> None:

@@ -30,7 +30,7 @@ from sokuji.core.limits import Limit
 from sokuji.core.model import Api, ModelMetadata, Report, RequestContext, TensorSpec
 from sokuji.core.request import Prepared
 from sokuji.core.tensor import InferRequest, Tensor
-from sokuji.errors import BadModelOutput
+from sokuji.errors import BadModelOutput, RequestTimeout, SokujiError
 from sokuji.kinds.encoder.model import BatchedModel
 from sokuji.kinds.python import values as values_
 from sokuji.pycode.entry import UserCode
@@ -51,20 +51,34 @@ class Out:
         self.stages = stages
 
 
-class StreamOverflow(Exception):
-    """The client read a stream too slowly (``STREAM_BUFFER`` steps behind)."""
+class StreamOverflow(RequestTimeout):
+    """The client read a stream too slowly (``STREAM_BUFFER`` steps behind): the stream's
+    last event (408, ``stream_overflow``)."""
+
+    code = "stream_overflow"
+
+
+class StreamAbandoned(SokujiError):
+    """Every request of a streaming batch went away (its clients cancelled): raised from the
+    batch's ``emit`` to end the generator early (it is closed: its ``finally`` runs). A
+    ``SokujiError``, so the runner passes it on as itself, never as the model's failure."""
+
+    status = 499
+    code = "cancelled"
 
 
 class _Channel:
     """A streaming request's steps, from the batch's thread to the request's handle."""
 
-    __slots__ = ("ended", "loop", "overflowed", "queue")
+    __slots__ = ("cancelled", "ended", "loop", "overflowed", "queue")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self.queue: asyncio.Queue[Any] = asyncio.Queue()
         self.overflowed = False
         self.ended = False
+        self.cancelled = False
+        """Its request went away (``_Handle.cancel``): read by the batch's thread."""
 
     def put(self, step: Any) -> None:  # on the loop
         if self.overflowed:
@@ -110,7 +124,8 @@ class _Handle:
                     getter.cancel()
                     continue
                 if channel.overflowed and channel.queue.empty():
-                    raise StreamOverflow(f"the stream was {STREAM_BUFFER} steps behind")
+                    raise StreamOverflow(f"the client read the stream too slowly: it was "
+                                         f"{STREAM_BUFFER} steps behind the model")
                 yield getter.result()
         finally:
             if not done.done():
@@ -124,6 +139,8 @@ class _Handle:
         return Report(timing=[(f"model.{name}", ms, None) for name, ms in out.stages])
 
     def cancel(self) -> None:
+        if self._channel is not None:
+            self._channel.cancelled = True
         self._entry.cancel()
 
 
@@ -152,9 +169,10 @@ class PythonModel(BatchedModel):
     def to_tensors(self, result: Out, report: Report) -> list[Tensor]:
         return values_.to_tensors(result.value, self.name, self._order)
 
-    def to_json(self, result: Out) -> Any:
-        """A result as plain JSON (the predict route)."""
-        return values_.plain(result.value)
+    def to_json(self, result: Any) -> Any:
+        """A result (``Out``) or a stream's partial (what ``events()`` yields) as plain JSON
+        (the predict route)."""
+        return values_.plain(result.value if isinstance(result, Out) else result)
 
     def identity(self, inputs: Any) -> list[str] | None:
         if not (self.code.deterministic and self.config.cache):
@@ -181,6 +199,9 @@ class PythonModel(BatchedModel):
             channels = [p.data[1] for p in batch]
 
             def emit(step: list[Any]) -> None:
+                if all(c.cancelled for c in channels):
+                    raise StreamAbandoned(f"model '{self.name}': every request of the "
+                                          "streaming batch went away")
                 for channel, partial in zip(channels, step, strict=True):
                     if partial is not None:
                         channel.put_threadsafe(partial)
