@@ -39,11 +39,23 @@ import numpy as np
 
 from sokuji.core.events import Delta, EventQueue, Finish
 from sokuji.core.limits import Limit
-from sokuji.core.model import NOTHING, Api, GenerationInput, ModelMetadata, Report, \
-    RequestContext, TensorSpec
+from sokuji.core.model import (
+    NOTHING,
+    Api,
+    GenerationInput,
+    ModelMetadata,
+    Report,
+    RequestContext,
+    TensorSpec,
+)
 from sokuji.core.request import Prepared
-from sokuji.errors import BadModelOutput, DeadlineExceeded, InvalidInput, RuntimeFailed, \
-    SokujiError
+from sokuji.errors import (
+    BadModelOutput,
+    DeadlineExceeded,
+    InvalidInput,
+    RuntimeFailed,
+    SokujiError,
+)
 from sokuji.kinds.python import values as values_
 from sokuji.llm.request import STOP_LIMITS, Timing
 
