@@ -10,6 +10,9 @@
     workers = 2                        # 0: in a server thread; N: N worker processes
     n_estimators = 50                  # any other key: the class's own, given to setup()
 
+A class whose ``task`` is ``"embeddings"`` or ``"chat"`` is served on that OpenAI route too
+(``tasks.py``: what its ``predict`` receives and returns there).
+
 The keys this kind reads are ``PythonOptions``' fields; every other key of the table (and
 those of ``setup = { ... }``, for a name this kind takes) is the class's own option, given to
 ``setup(options)``. The entry is imported when the config loads, so a bad entry stops
@@ -30,9 +33,11 @@ from sokuji.core.batcher import DynamicBatcher
 from sokuji.core.limits import Limit
 from sokuji.core.model import Api, ModelMetadata, TensorSpec
 from sokuji.core.tensor import DATATYPES
-from sokuji.errors import ConfigError
+from sokuji.errors import ConfigError, SokujiError
 from sokuji.kinds.encoder.model import batcher_config
 from sokuji.kinds.kind import BuildEnv, Built, Kind
+from sokuji.kinds.python import tasks
+from sokuji.kinds.python import values as values_
 from sokuji.kinds.python.model import PythonModel
 from sokuji.pycode import entry as entry_
 
@@ -127,6 +132,10 @@ class PythonKind(Kind):
                                       f"a Python model with workers runs one batch per "
                                       f"worker process: options.workers ({o.workers}) sets "
                                       "its instances")
+        if options.code.task == "embeddings" and options.code.streams:
+            raise ConfigError.for_key(f"{at}.options.entry", o.entry,
+                                      "declares task 'embeddings', whose predict must return "
+                                      "its rows, not yield them (a generator)")
         if (o.timeout_ms or o.max_rss_mb) and not o.workers:
             key = "timeout_ms" if o.timeout_ms else "max_rss_mb"
             raise ConfigError.for_key(f"{at}.options.{key}", getattr(o, key),
@@ -136,9 +145,12 @@ class PythonKind(Kind):
     def build(self, model: ModelConfig, options: Parsed, env: BuildEnv) -> Built:
         o, code = options.options, options.code
         runner = _runner(model, o, code, options.own)
+        task = tasks.for_code(code, model.name)
         runner.start()
         try:
             metadata = _metadata(model, o, code, runner, env.at)
+            if isinstance(task, tasks.Embeddings):
+                metadata = _embeddings_metadata(task, metadata, code, runner)
         except BaseException:
             runner.close()
             raise
@@ -146,9 +158,10 @@ class PythonKind(Kind):
                         model.max_request_bytes or env.server.max_request_bytes, "bytes",
                         "bytes of one request's body"),
                   Limit("options.max_elements", o.max_elements, "elements",
-                        "tensor elements of one request"))
-        apis = frozenset({Api.INFER, Api.PREDICT})
-        served = PythonModel(model, code, runner, metadata, limits, apis)
+                        "tensor elements of one request"),
+                  *(task.limits if isinstance(task, tasks.Chat) else ()))
+        apis = frozenset({Api.INFER, Api.PREDICT}) | (task.apis if task else frozenset())
+        served = PythonModel(model, code, runner, metadata, limits, apis, task)
         inline = code.mode == "sync" and not code.streams and not o.workers
         bc = dataclasses.replace(
             batcher_config(model, env.server.slos),
@@ -184,6 +197,24 @@ def _metadata(model: ModelConfig, o: PythonOptions, code: Any, runner: Any, at: 
                               "called only in a server thread (workers = 0)")
         return _described(described, model.name, code.entry)
     return ModelMetadata(PLATFORM, (), (), open=True)
+
+
+def _embeddings_metadata(task: tasks.Embeddings, declared: ModelMetadata, code: Any,
+                         runner: Any) -> ModelMetadata:
+    """An embeddings model's metadata: its rows' width as declared, else measured by one
+    call of ``predict`` on one text at start-up (a class that fails it stops start-up,
+    naming the model)."""
+    def run(values: dict[str, Any]) -> Any:
+        if code.input_type is not None:
+            values = values_.typed(values, code.input_type)
+        return runner.run([values]).results[0]
+
+    try:
+        return task.metadata(declared, run)
+    except SokujiError as exc:
+        raise ConfigError(f"model '{task.model}' ({code.entry}): task 'embeddings': the "
+                          f"width of its rows is not declared, and measuring it failed: "
+                          f"{exc.message}") from None
 
 
 def _specs(specs: tuple[Spec, ...]) -> tuple[TensorSpec, ...]:

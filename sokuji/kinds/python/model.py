@@ -33,6 +33,7 @@ from sokuji.core.tensor import InferRequest, Tensor
 from sokuji.errors import BadModelOutput, RequestTimeout, SokujiError
 from sokuji.kinds.encoder.model import BatchedModel
 from sokuji.kinds.python import values as values_
+from sokuji.kinds.python.tasks import TaskPrepared
 from sokuji.pycode.entry import UserCode
 from sokuji.pycode.runner import Ran, Runner
 
@@ -138,6 +139,16 @@ class _Handle:
             return self._entry.report
         return Report(timing=[(f"model.{name}", ms, None) for name, ms in out.stages])
 
+    @property
+    def streams(self) -> bool:
+        """Its steps come one by one (the class is a generator)."""
+        return self._channel is not None
+
+    @property
+    def dispatched_ns(self) -> int:
+        """When its batch started (0: not yet)."""
+        return int(self._entry.dispatched_ns)
+
     def cancel(self) -> None:
         if self._channel is not None:
             self._channel.cancelled = True
@@ -148,8 +159,10 @@ class PythonModel(BatchedModel):
     """The user's class under a batcher; ``runner`` runs its batches (``pycode``)."""
 
     def __init__(self, config: Any, code: UserCode, runner: Runner, metadata: ModelMetadata,
-                 limits: tuple[Limit, ...], apis: frozenset[Api]) -> None:
+                 limits: tuple[Limit, ...], apis: frozenset[Api], task: Any = None) -> None:
         self.config = config
+        self.task = task
+        """The OpenAI task the class declares (``tasks.py``: its requests' adapter)."""
         self.code = code
         self.runtime = runner
         self.metadata = metadata
@@ -177,19 +190,30 @@ class PythonModel(BatchedModel):
     def identity(self, inputs: Any) -> list[str] | None:
         if not (self.code.deterministic and self.config.cache):
             return None
+        if self.task is not None and self.task.accepts(inputs):
+            return self.task.identity(inputs)
         return values_.digest(inputs)
 
     # -- the contract ----------------------------------------------------------------------
     async def prepare(self, inputs: Any, ctx: RequestContext) -> Prepared:
+        task = self.task if self.task is not None and self.task.accepts(inputs) else None
+        if task is not None:  # an OpenAI route's request, as the class's values
+            inputs, form = task.values(inputs)
         if self.code.input_type is not None:
             inputs = values_.typed(inputs, self.code.input_type)
         if self.streams:
             inputs = (inputs, _Channel(asyncio.get_running_loop()))
+        if task is not None:
+            return TaskPrepared(data=inputs, num_items=1, length=1, num_tokens=0, task=task,
+                                form=form)
         return Prepared(data=inputs, num_items=1, length=1, num_tokens=0)
 
     def submit(self, prepared: Prepared, ctx: RequestContext) -> Any:
         entry = super().submit(prepared, ctx)
-        return _Handle(entry, prepared.data[1] if self.streams else None)
+        handle = _Handle(entry, prepared.data[1] if self.streams else None)
+        if isinstance(prepared, TaskPrepared):
+            return prepared.task.handle(handle, ctx, prepared.form)
+        return handle
 
     def run_batch(self, batch: Sequence[Prepared]) -> list[Out]:
         """One batch, in a worker thread of the batcher (blocking)."""
