@@ -206,7 +206,7 @@ def test_url_passwords_are_masked_in_any_value() -> None:
      "Config 'models[0].path' has value 5: not a string"),
     ('[[models]]\nname="m"\nruntime="tensorflow"\n',
      "Config 'models[0].runtime' has value 'tensorflow': must be one of: onnx, tensor, "
-     "synthetic, llama, ocr, vad, classifier, upstream, router, pipeline, ensemble"),
+     "synthetic, llama, ocr, vad, classifier, upstream, router, pipeline, ensemble, python"),
     ('[[models]]\nname="m"\nbatching="random"\n',
      "Config 'models[0].batching' has value 'random': must be length or fifo"),
     ('[[models]]\nname="a/b"\nruntime="synthetic"\n',
