@@ -152,6 +152,8 @@ def tensor_binary(x: np.ndarray, model: str = "tensor") -> Request:
     return Request(V2_BINARY, f"/v2/models/{model}/infer", body, headers)
 
 
+PY_DOUBLE = ROOT / "tests" / "data" / "pymodels" / "hostile_double.py"
+"""x FP32 -> y = x + x, a Python class (``runtime = "python"``)."""
 TENSOR_GRAPH = ROOT / "tests" / "data" / "tensor" / "double.onnx"
 """x FP32 [batch, n] -> y = x + x (``tests/tensor_graphs.py``'s ``write_double``)."""
 IMAGE_FILE = (MEDIA / "images" / "tiny_la.png").read_bytes()
@@ -279,5 +281,21 @@ DECLARED: dict[str, Declared] = {d.runtime: d for d in (
         requests=(tensor_request(np.arange(8, dtype=np.float32).reshape(2, 4), "ensemble"),
                   tensor_binary(np.arange(8, dtype=np.float32).reshape(2, 4), "ensemble")),
         cached=False, non_finite=True),
+    Declared(  # the user's own class, in a server thread, its tensors declared
+        runtime="python", model="python",
+        config='[[models]]\nname = "python"\nruntime = "python"\nmax_batch_size = 8\n'
+               '[models.options]\n'
+               f'entry = "{PY_DOUBLE}:Double"\nmax_elements = 4096\nfactor = 2.0\n'
+               'inputs = [{ name = "x", datatype = "FP32", dims = [-1, -1] }]\n'
+               'outputs = [{ name = "y", datatype = "FP32", dims = [-1, -1] }]\n',
+        inputs=frozenset({TENSOR}),
+        requests=(tensor_request(np.arange(8, dtype=np.float32).reshape(2, 4), "python"),
+                  tensor_binary(np.arange(8, dtype=np.float32).reshape(2, 4), "python")),
+        exceed={"options.max_elements":
+                lambda v: tensor_binary(np.zeros((1, int(v) + 1), np.float32), "python"),
+                "max_request_bytes":
+                lambda v: tensor_binary(np.zeros((1, int(v) // 4 + 1), np.float32),
+                                        "python")},
+        non_finite=True),
 )}
 """Runtime name -> its declaration."""
