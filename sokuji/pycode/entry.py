@@ -84,8 +84,8 @@ def load(entry: str, key: str, base: Path | None = None) -> UserCode:
                                   "'path/to/file.py:Class'")
     try:
         module = _import(where, base)
-    except ConfigError:
-        raise
+    except ConfigError as exc:
+        raise ConfigError.for_key(key, entry, exc.message) from None
     except (Exception, SystemExit) as exc:  # the user's module failed: say where, briefly
         raise ConfigError.for_key(key, entry, f"cannot be imported: {_last_line(exc)}") \
             from exc

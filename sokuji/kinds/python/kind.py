@@ -76,6 +76,8 @@ class PythonOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     inputs: tuple[Spec, ...] = ()
     """Declared inputs (else the class's ``describe()``, else any, shown as first seen)."""
     outputs: tuple[Spec, ...] = ()
+    """Declared outputs (needed where ``inputs`` are: V2 answers the declared ones only);
+    with no inputs declared, requests may send any."""
     max_elements: Annotated[int, msgspec.Meta(ge=1)] = 1 << 24
     """The most tensor elements one request may send (413 past it, before anything runs)."""
     setup: dict[str, Any] = {}
@@ -136,6 +138,10 @@ class PythonKind(Kind):
             raise ConfigError.for_key(f"{at}.options.entry", o.entry,
                                       "declares task 'embeddings', whose predict must return "
                                       "its rows, not yield them (a generator)")
+        if o.inputs and not o.outputs:
+            raise ConfigError.for_key(f"{at}.options.outputs", [],
+                                      "must be declared too where options.inputs is (V2 "
+                                      "answers a model's declared outputs only)")
         if (o.timeout_ms or o.max_rss_mb) and not o.workers:
             key = "timeout_ms" if o.timeout_ms else "max_rss_mb"
             raise ConfigError.for_key(f"{at}.options.{key}", getattr(o, key),
@@ -191,7 +197,11 @@ def _metadata(model: ModelConfig, o: PythonOptions, code: Any, runner: Any, at: 
         return ModelMetadata(PLATFORM, _specs(o.inputs), _specs(o.outputs),
                              open=not o.inputs)
     if code.describes:
-        described = runner.describe() if hasattr(runner, "describe") else None
+        try:
+            described = runner.describe() if hasattr(runner, "describe") else None
+        except Exception as exc:  # noqa: BLE001 (the user's code: start-up stops, naming it)
+            raise ConfigError(f"model '{model.name}' ({code.entry}): describe() failed: "
+                              f"{entry_.last_line(exc)}") from None
         if described is None:
             raise ConfigError(f"{at} ({model.name}): describe() of {code.entry} can be "
                               "called only in a server thread (workers = 0)")
@@ -234,6 +244,10 @@ def _described(doc: Any, model: str, entry: str) -> ModelMetadata:
     except msgspec.ValidationError as exc:
         raise ConfigError(f"model '{model}' ({entry}): describe() returned what is not V2 "
                           f"metadata: {exc}") from None
+    if parsed.inputs and not parsed.outputs:
+        raise ConfigError(f"model '{model}' ({entry}): describe() names inputs but no "
+                          "outputs; V2 answers a model's declared outputs only: describe "
+                          "both, or neither")
     return ModelMetadata(PLATFORM, tuple(TensorSpec(t.name, t.datatype, tuple(t.shape),
                                                     optional=t.optional)
                                          for t in parsed.inputs),

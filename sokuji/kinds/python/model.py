@@ -20,6 +20,7 @@ deadlines, SLO admission, 429 with Retry-After, metrics and statistics).
 from __future__ import annotations
 
 import asyncio
+import inspect
 import math
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -155,6 +156,13 @@ class _Handle:
         self._entry.cancel()
 
 
+def _signature(fn: Any) -> inspect.Signature | None:
+    try:
+        return inspect.signature(fn)
+    except (TypeError, ValueError):  # (a builtin without one: called as it comes)
+        return None
+
+
 class PythonModel(BatchedModel):
     """The user's class under a batcher; ``runner`` runs its batches (``pycode``)."""
 
@@ -172,6 +180,9 @@ class PythonModel(BatchedModel):
         self._elements = next(x for x in limits if x.key == "options.max_elements")
         self._order = tuple(t.name for t in metadata.outputs) if not metadata.open else ()
         self._seen = not metadata.open
+        self._signature = _signature(code.target) if code.function else None
+        """A function entry's: a request's values are its keyword arguments, checked
+        before queueing (a request's wrong name fails it alone, with a 400)."""
 
     # -- adapters --------------------------------------------------------------------------
     def from_tensors(self, request: InferRequest) -> dict[str, Any]:
@@ -201,6 +212,8 @@ class PythonModel(BatchedModel):
             inputs, form = task.values(inputs)
         if self.code.input_type is not None:
             inputs = values_.typed(inputs, self.code.input_type)
+        elif self._signature is not None and isinstance(inputs, dict):
+            values_.check_arguments(self._signature, inputs, self.code.takes_options)
         if self.streams:
             inputs = (inputs, _Channel(asyncio.get_running_loop()))
         if task is not None:
@@ -248,7 +261,8 @@ class PythonModel(BatchedModel):
         self.metadata = ModelMetadata(
             platform=self.metadata.platform, open=True,
             inputs=tuple(TensorSpec(t.name, t.datatype, (-1,) * len(t.shape)) for t in ins),
-            outputs=tuple(TensorSpec(t.name, t.datatype, (-1,) * len(t.shape)) for t in outs))
+            outputs=self.metadata.outputs  # declared (options.outputs): kept as declared
+            or tuple(TensorSpec(t.name, t.datatype, (-1,) * len(t.shape)) for t in outs))
 
     @property
     def alive(self) -> bool:

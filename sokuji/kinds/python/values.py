@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import hashlib
+import inspect
 from collections.abc import Mapping
 from typing import Any
 
@@ -73,6 +74,25 @@ def typed(values: Mapping[str, Any], record: Any) -> Any:
                            param=field) from None
 
 
+def check_arguments(signature: inspect.Signature, values: Mapping[str, Any],
+                    options: bool) -> None:
+    """A function entry's request: its values must be the function's keyword arguments
+    (``InvalidInput`` naming what does not fit, before the request is queued)."""
+    names = dict.fromkeys(values, None)
+    if options:
+        names["options"] = None
+    try:
+        signature.bind(**names)
+    except TypeError as exc:
+        raise InvalidInput(f"the model's function takes {_params(signature)}; the request "
+                           f"does not fit: {exc}") from None
+
+
+def _params(signature: inspect.Signature) -> str:
+    shown = [p.name for p in signature.parameters.values() if p.name != "options"]
+    return ", ".join(f"'{n}'" for n in shown) or "no values"
+
+
 def plain(result: Any) -> Any:
     """A result as plain JSON values (a typed record's fields; arrays as nested lists)."""
     if isinstance(result, msgspec.Struct):
@@ -125,9 +145,12 @@ def tensor(name: str, value: Any, model: str) -> Tensor:
         value = np.asarray([value])
     elif isinstance(value, (list, tuple)):
         try:
+            listed = value
             value = np.asarray(value)
         except ValueError:
             value = None
+        if value is not None and value.dtype.kind in "US" and not _all_str(listed):
+            value = None  # numbers and strings mixed: numpy made them all strings
         if value is None or (value.dtype == object):
             raise BadModelOutput(f"model '{model}': output '{name}' is a list that is no "
                                  "regular tensor (ragged, or mixed types); V2 infer carries "
@@ -137,15 +160,34 @@ def tensor(name: str, value: Any, model: str) -> Tensor:
                              f"{type(value).__name__}; V2 infer carries tensors (the predict "
                              "route carries any JSON)")
     shape = tuple(int(d) for d in value.shape)
-    if value.dtype == object or value.dtype.kind in "US":
-        return Tensor(name, BYTES, shape, [v if isinstance(v, (str, bytes)) else str(v)
-                                           for v in value.reshape(-1).tolist()])
+    if value.dtype.kind in "US":
+        return Tensor(name, BYTES, shape, value.reshape(-1).tolist())
+    if value.dtype == object:
+        items = value.reshape(-1).tolist()
+        odd = [v for v in items if not isinstance(v, (str, bytes))][:1]
+        if odd:
+            raise BadModelOutput(f"model '{model}': output '{name}' is an object array "
+                                 f"holding a {type(odd[0]).__name__}; only strings (BYTES) "
+                                 "may be")
+        return Tensor(name, BYTES, shape, items)
     datatype = _DATATYPE.get(value.dtype.newbyteorder("<") if value.dtype.byteorder == ">"
                              else value.dtype)
     if datatype is None:
         raise BadModelOutput(f"model '{model}': output '{name}' has dtype {value.dtype}, "
                              "which no KServe datatype carries")
     return Tensor(name, datatype, shape, value)
+
+
+def _all_str(items: Any) -> bool:
+    """Every leaf of nested lists is a ``str`` (bounded by the list's own size)."""
+    stack = [items]
+    while stack:
+        for item in stack.pop():
+            if isinstance(item, (list, tuple)):
+                stack.append(item)
+            elif not isinstance(item, str):
+                return False
+    return True
 
 
 def digest(values: Any) -> list[str]:
