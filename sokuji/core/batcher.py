@@ -18,6 +18,9 @@ Contracts:
   ``inline_max_ms`` (``core/inline.py``): it runs on the event loop thread itself, with no
   thread hand-off. Requests that arrive meanwhile wait in the socket buffers; they are read
   together afterwards and form the next batch, in a worker.
+- **A model whose ``run_batch`` is a coroutine function** (``async def``: code that awaits
+  I/O) runs its batches as tasks on the event loop instead (``core/loop_runs.py``), up to
+  ``instances`` at once; one whose every request went away is cancelled.
 - Results come back in the order of each request's items. A failing batch fails only its own
   requests.
 """
@@ -25,15 +28,17 @@ Contracts:
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 from sokuji.core import forming, policy
 from sokuji.core.batcher_config import BatcherConfig
 from sokuji.core.forming import BatchInfo
 from sokuji.core.inline import LoopGate
+from sokuji.core.loop_runs import LoopRuns
 from sokuji.core.model import NOTHING, Report
 from sokuji.core.request import InferenceRequest, Prepared, Stage
 from sokuji.core.slo_admission import TimeAdmission
@@ -42,7 +47,7 @@ from sokuji.errors import DeadlineExceeded, ModelNotReady, RuntimeFailed, Sokuji
 
 log = logging.getLogger(__name__)
 
-RunBatch = Callable[[Sequence[Prepared]], list[Any]]
+RunBatch = Callable[[Sequence[Prepared]], list[Any] | Awaitable[list[Any]]]
 
 
 class _Entry:
@@ -93,6 +98,9 @@ class _Entry:
             if not self.future.done():
                 self.future.cancel()
         self._release()
+        runs = self.batcher._workers
+        if isinstance(runs, LoopRuns) and self.dispatched_ns:
+            runs.drop_unwanted()  # its batch, on the loop, may now be wanted by nobody
 
     def _release(self) -> None:
         """Once per request: it no longer counts toward ``max_concurrency``."""
@@ -118,13 +126,17 @@ class DynamicBatcher:
         self._busy = 0
         self._slot_free_since_ns = 0
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._workers: Workers[list[_Entry]] = Workers(
-            name, config.instances, config.worker_nice, self._run_entries, self._complete,
-            self._fail_stranded)
+        self.on_loop = inspect.iscoroutinefunction(run_batch)
+        """Its batches are tasks on the event loop (``core/loop_runs.py``), not threads'."""
+        self._workers: Workers[list[_Entry]] | LoopRuns[list[_Entry]] = \
+            LoopRuns(name, self._await_entries, self._complete) if self.on_loop else \
+            Workers(name, config.instances, config.worker_nice, self._run_entries,
+                    self._complete, self._fail_stranded)
         self._timer: asyncio.TimerHandle | None = None
         self._start_pending = False
         """A deferred start of an idle model is scheduled (``_start_idle``)."""
-        self.gate = LoopGate(config.inline_max_ms / 1e3 if config.instances == 1 else 0.0)
+        self.gate = LoopGate(config.inline_max_ms / 1e3
+                             if config.instances == 1 and not self.on_loop else 0.0)
         """When a lone request runs on the event loop (``core/inline.py``)."""
         self._idle = asyncio.Event()
         self._admitted = 0
@@ -299,7 +311,11 @@ class DynamicBatcher:
         self._complete(batch, outputs, error, done_ns, done_ns - start_ns)
 
     def _run_entries(self, batch: list[_Entry]) -> list[Any]:
-        return self._run_batch([e.request.payload for e in batch])
+        return self._run_batch([e.request.payload for e in batch])  # type: ignore[return-value]
+
+    async def _await_entries(self, batch: list[_Entry]) -> list[Any]:
+        return await self._run_batch([e.request.payload  # type: ignore[misc]
+                                      for e in batch])
 
     def _on_timer(self) -> None:
         self._timer = None
@@ -364,7 +380,11 @@ class DynamicBatcher:
         if self.by_time is not None:
             self.by_time.completed(id(batch), [e.request for e in batch], done_ns,
                                    error is None)
-        if error is not None:
+        if isinstance(error, asyncio.CancelledError):  # dropped on the loop: wanted by nobody
+            for entry in batch:
+                if not entry.future.done():
+                    entry.future.cancel()
+        elif error is not None:
             if not isinstance(error, SokujiError):
                 log.error("model %s: run_batch raised %r", self.name, error, exc_info=error)
                 error = RuntimeFailed(f"model '{self.name}' failed: {error!r}")

@@ -32,12 +32,14 @@ class StepConfig(_Table, frozen=True):
     """kind model: the served model to call (an encoder: input ``texts``; a generator:
     ``messages`` or ``prompt``)."""
     function: str = ""
-    """kind python: ``package.module:function`` (sync or async), called with the inputs as
-    keyword arguments and the step's ``options`` as ``options``."""
+    """kind python: ``package.module:function`` or ``path/to/file.py:function`` (sync or
+    async), called with the inputs as keyword arguments and the step's ``options`` as
+    ``options``: a model of kind python of its own (``pipelines/python_step.py``)."""
     options: Mapping[str, Any] = field(default_factory=dict)
     """Kind-specific: retrieve (index, encoder, k, mode, candidates, rerank, filters),
     features (entity, features, store), model (max_tokens, temperature), python (thread:
-    run in the preparation pool instead of on the event loop)."""
+    always in a worker thread; instances, max_batch_size, inline_max_ms; kind python's
+    workers, timeout_ms, max_rss_mb, event_loop; any other key: the function's own)."""
     timeout_ms: ZeroOrMoreS = 0.0
     """The most this step may take; 0: bounded only by the request's deadline."""
     on_error: Literal["fail", "fallback"] = "fail"

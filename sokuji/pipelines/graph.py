@@ -19,7 +19,7 @@ from sokuji.pipelines.config import PipelineConfig, StepConfig
 from sokuji.pipelines.step_options import step_options
 
 INPUT = "input"
-_FUNCTION = re.compile(r"\A[A-Za-z_][\w.]*:[A-Za-z_]\w*\Z")
+_FUNCTION = re.compile(r"\A([A-Za-z_][\w.]*|[^:]+\.py):[A-Za-z_]\w*\Z")
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +128,8 @@ def _check_kind(step: StepConfig, at: str, models: set[str]) -> None:
     elif step.kind == "python":
         if not _FUNCTION.match(step.function):
             raise ConfigError.for_key(f"{at}.function", step.function or None,
-                                      "must be package.module:function")
+                                      "must be package.module:function or "
+                                      "path/to/file.py:function")
     elif step.kind == "retrieve":
         if options.encoder is not None and options.encoder not in models:
             raise ConfigError.for_key(f"{at}.options.encoder", options.encoder, "no such model")

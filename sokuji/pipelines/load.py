@@ -13,16 +13,18 @@ repository (``feature_store.yaml``), applied and materialized by its owner.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from sokuji.config import ServerConfig
+from sokuji.core.forming import BatchInfo
 from sokuji.core.model import ServedModel
 from sokuji.errors import ConfigError
-from sokuji.pipelines.config import PipelineConfig
+from sokuji.pipelines import python_step
+from sokuji.pipelines.config import PipelineConfig, StepConfig
 from sokuji.pipelines.graph import check_pipeline
 from sokuji.pipelines.model import PipelineModel
 from sokuji.pipelines.steps import Resources
@@ -31,15 +33,23 @@ log = logging.getLogger(__name__)
 
 
 def load_pipeline(pc: PipelineConfig, at: str, config: ServerConfig,
-                  models: Mapping[str, ServedModel], shared: dict[str, Any]) -> PipelineModel:
+                  models: Mapping[str, ServedModel], shared: dict[str, Any],
+                  on_batch: Callable[[str], Callable[[BatchInfo], None]] | None = None
+                  ) -> PipelineModel:
     """One pipeline over the models built before it. ``shared``: the steps' resources
-    (indexes, feature stores, opened once), kept for the pipelines built after it."""
+    (indexes, feature stores, opened once), kept for the pipelines built after it.
+    ``on_batch``: batch statistics by model name, for its python steps' own models."""
     res = shared.get("resources")
     if res is None:
+        def build_python(pipeline: str, step: StepConfig, where: str, limit: int
+                         ) -> ServedModel:
+            return python_step.build(pipeline, step, where, config, limit, on_batch)
+
         res = shared["resources"] = Resources(
             models=dict(models), cache_dir=config.cache_dir,
             open_index=lambda name, enc: open_index(name, enc, config.cache_dir),
-            open_store=lambda name: open_store(name, config), keyed=bool(config.api_keys))
+            open_store=lambda name: open_store(name, config), keyed=bool(config.api_keys),
+            build_python=build_python)
     graph = check_pipeline(pc, at, set(res.models))
     return PipelineModel(graph, res, at)
 

@@ -45,6 +45,7 @@ from sokuji.core.model import (
     ModelMetadata,
     Report,
     RequestContext,
+    ServedModel,
     TensorSpec,
 )
 from sokuji.core.request import Stage, Timeline
@@ -88,10 +89,25 @@ class PipelineModel(ModelBase):
         self.max_tokens: int | None = step_options(
             answer, f"{at}.steps[{graph.output}]").max_tokens if self.generates else None
         """The answer step's ``max_tokens``: the most a chat may ask for (None: the model's)."""
-        self.steps: list[StepFn] = [build_step(n.config, f"{at}.steps[{n.index}]", res)
-                                    for n in graph.nodes]
+        self.owned: dict[int, ServedModel] = {}
+        """The ``python`` steps' own models (``python_step.py``), by node: started, stopped
+        and closed with the pipeline."""
+        try:
+            for n in graph.nodes:
+                if n.config.kind == "python":
+                    assert res.build_python is not None
+                    self.owned[n.index] = res.build_python(
+                        self.config.name, n.config, f"{at}.steps[{n.index}]",
+                        self.config.max_concurrency)
+            self.steps: list[StepFn] = [
+                build_step(n.config, f"{at}.steps[{n.index}]", res, self.owned.get(n.index))
+                for n in graph.nodes]
+        except BaseException:
+            self.close()
+            raise
         self.callees = [res.models[n.config.model] for n in graph.nodes
                         if n.config.kind == "model"]
+        self.callees += self.owned.values()
         for n in graph.nodes:
             enc = n.config.options.get("encoder") if n.config.kind == "retrieve" else None
             if enc:
@@ -223,13 +239,17 @@ class PipelineModel(ModelBase):
         return inputs
 
     def start(self) -> None:
+        for model in self.owned.values():
+            model.start()
         self.started = True
 
     async def stop(self) -> None:
         self.started = False
+        await asyncio.gather(*(m.stop() for m in self.owned.values()))
 
     def close(self) -> None:
-        pass
+        for model in self.owned.values():
+            model.close()
 
 
 def _check_value(name: str, value: Any) -> None:

@@ -15,18 +15,16 @@
   cannot read another's users' features by guessing their ids, nor reach an unscoped row. An
   open server has one tenant: ids are looked up as given (the built-in users,
   ``user-0000`` ...).
-- ``python``: a function by dotted path, called with the inputs as keyword arguments (and
-  ``options`` / ``ctx`` if it declares them); async functions are awaited, sync ones run on
-  the event loop (they must be quick) or, with ``options.thread = true``, in the
-  preparation pool.
+- ``python``: a call of the step's own Python model (``python_step.py``: the function built
+  as a model of kind python, owned by the pipeline), with the inputs as keyword arguments
+  (and ``options`` / ``ctx`` if it declares them). A ``model`` step naming a served model of
+  kind python calls it the same way: the arguments are its request's values.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
-import inspect
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -63,16 +61,25 @@ class Resources:
     keyed: bool = True
     """API keys are configured: feature ids are scoped by tenant. False only for an open
     server (``load.py`` sets it from the config once), whose callers are one tenant."""
+    build_python: Callable[[str, StepConfig, str, int], ServedModel] | None = None
+    """A ``python`` step's own model (``python_step.build``: pipeline name, step, where it
+    is in the config, the pipeline's max_concurrency)."""
 
 
-def build_step(cfg: StepConfig, at: str, res: Resources) -> Step:
+def build_step(cfg: StepConfig, at: str, res: Resources,
+               own: ServedModel | None = None) -> Step:
     """The step's work, from its options as ``graph.check_pipeline`` checked them when the
     config loaded; ``ConfigError`` (naming ``at``) for what only building shows (an index,
-    a store, what kind of model a step calls)."""
+    a store, what kind of model a step calls). ``own``: a ``python`` step's model."""
+    if cfg.kind == "python":
+        assert own is not None, "a python step's model is built by its pipeline"
+        return _python_model_step(own)
     if cfg.kind == "model":
         model = res.models[cfg.model]
         if model.apis == {Api.GENERATE}:
             return _generator_step(cfg, at, model)
+        if Api.PREDICT in model.apis:
+            return _python_model_step(model)
         if not model.batches:  # a pipeline passes strings (a row per text), not files
             served = "+".join(a.value for a in Api if a in model.apis)
             raise ConfigError.for_key(f"{at}.model", cfg.model,
@@ -83,7 +90,7 @@ def build_step(cfg: StepConfig, at: str, res: Resources) -> Step:
         return _retrieve_step(cfg, at, res)
     if cfg.kind == "features":
         return _features_step(cfg, at, res)
-    return _python_step(cfg, at)
+    raise AssertionError(f"unknown step kind {cfg.kind!r}")  # (the schema allows no other)
 
 
 def _encoder_step(model: ServedModel) -> Step:
@@ -197,29 +204,15 @@ def _features_step(cfg: StepConfig, at: str, res: Resources) -> Step:
     return run
 
 
-def _python_step(cfg: StepConfig, at: str) -> Step:
-    module_name, _, attr = cfg.function.partition(":")
-    try:
-        fn = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError.for_key(f"{at}.function", cfg.function,
-                                  f"cannot be imported: {exc}") from None
-    params = inspect.signature(fn).parameters
-    extra: dict[str, Any] = {}
-    options = dict(cfg.options)
-    thread = bool(options.pop("thread", False))
-    if "options" in params:
-        extra["options"] = options
-    wants_ctx = "ctx" in params
-    if inspect.iscoroutinefunction(fn):
-        async def run_async(args: dict[str, Any], ctx: RequestContext,
-                            answer: Answer | None) -> Any:
-            return await fn(**args, **extra, **({"ctx": ctx} if wants_ctx else {}))
-        return run_async
+def _python_model_step(model: ServedModel) -> Step:
+    """The arguments as one request's values (with ``ctx`` where the function takes it); the
+    output: what the code returned for it."""
+    from sokuji.pipelines.python_step import wants_ctx
+
+    ctx_too = wants_ctx(model)
 
     async def run(args: dict[str, Any], ctx: RequestContext, answer: Answer | None) -> Any:
-        kwargs = {**args, **extra, **({"ctx": ctx} if wants_ctx else {})}
-        if thread:
-            return await offload.run(fn, **kwargs)
-        return fn(**kwargs)
+        values = {**args, "ctx": ctx} if ctx_too else args
+        prepared = await model.prepare(values, ctx)  # (admitted by its submit)
+        return (await model.submit(prepared, ctx).result()).value
     return run

@@ -2,7 +2,9 @@
 threads, one per instance), for code that releases the GIL while it computes (numpy, ONNX
 Runtime, torch) or waits (I/O). Each instance is an object of the class of its own, set up
 once at start; a thread takes a free one for each batch, so two batches never share an
-object at once (code need not be thread-safe)."""
+object at once (code need not be thread-safe). ``async def`` code may instead be awaited on
+the server's own event loop (``run_on_loop``: ``event_loop = "server"``), concurrently with
+everything else there, so it must never block."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from typing import Any
 
 from sokuji.errors import ConfigError
 from sokuji.pycode.entry import UserCode, last_line
-from sokuji.pycode.runner import Emit, Ran, invoke, invoke_stream
+from sokuji.pycode.runner import Emit, Ran, invoke, invoke_async, invoke_stream
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +65,15 @@ class ThreadRunner:
         instance = self._free.get()
         try:
             return invoke(self.code, instance, batch, self.model, self.options)
+        finally:
+            self._free.put(instance)
+
+    async def run_on_loop(self, batch: list[Any]) -> Ran:
+        """``async def`` code on the caller's (the server's) loop; the batcher runs at most
+        ``instances`` batches at once, so a free instance is always there."""
+        instance = self._free.get_nowait()
+        try:
+            return await invoke_async(self.code, instance, batch, self.model, self.options)
         finally:
             self._free.put(instance)
 

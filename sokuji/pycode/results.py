@@ -5,7 +5,9 @@ batch (which result is wrong says nothing about which request was).
 
 A result is a dict of named values (a value: a numpy array or scalar, or a JSON value:
 str, bytes, int, float, bool, None, list, dict), an instance of the class's declared output
-type, or, for a function entry, any such value itself. Nested containers are checked where
+type, or, for a function entry, any such value itself; or an exception instance, which
+fails that one request (``runner.py``: a ``SokujiError`` as itself, any other as the model's
+own failure). Nested containers are checked where
 they are encoded (an unencodable value deep in a list is a ``BadModelOutput`` there too).
 """
 
@@ -39,7 +41,10 @@ def check(results: Any, size: int, model: str, output_type: Any = None,
 
 def check_one(result: Any, i: int, model: str, output_type: Any = None,
               function: bool = False) -> None:
-    """One result (the ``i``-th of its batch, or of a stream's step)."""
+    """One result (the ``i``-th of its batch, or of a stream's step). An exception is that
+    request's failure (Triton's per-response error): it fails that request alone."""
+    if isinstance(result, BaseException):
+        return
     if function:
         _value(result, f"result {i}", model)
         return

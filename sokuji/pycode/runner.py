@@ -69,8 +69,9 @@ def invoke(code: UserCode, instance: Any, batch: list[Any], model: str,
     becomes ``ModelCodeFailed`` (a ``SokujiError`` it raised on purpose stays itself)."""
     with collecting() as stages:
         try:
-            if code.function:
-                out: Any = [_call_function(code, instance, item, options) for item in batch]
+            if code.function:  # a call per request: each outcome its own
+                out: Any = [_call_function(code, instance, item, options, model)
+                            for item in batch]
             elif code.mode == "async":
                 out = _loop().run_until_complete(instance.predict(batch))
             elif code.streams:
@@ -84,8 +85,39 @@ def invoke(code: UserCode, instance: Any, batch: list[Any], model: str,
             raise
         except Exception as exc:  # noqa: BLE001 (the user's code: whatever it raises is its own failure)
             raise failed(model, exc) from None
-    return Ran(results.check(out, len(batch), model, code.output_type, code.function)
-               if not code.streams else out, stages)
+    if code.streams:
+        return Ran(out, stages)
+    return Ran(_own_errors(results.check(out, len(batch), model, code.output_type,
+                                         code.function), model), stages)
+
+
+def _own_errors(out: list[Any], model: str) -> list[Any]:
+    """A result that is an exception fails its request alone: a ``SokujiError`` as itself
+    (a class may refuse one request with a 4xx), anything else as ``ModelCodeFailed``."""
+    for i, result in enumerate(out):
+        if isinstance(result, BaseException) and not isinstance(result, SokujiError):
+            out[i] = failed(model, result)
+    return out
+
+
+async def invoke_async(code: UserCode, instance: Any, batch: list[Any], model: str,
+                       options: dict[str, Any] | None = None) -> Ran:
+    """``async def`` code awaited on the caller's loop (the server's: ``event_loop =
+    "server"``): a function entry's calls of the batch concurrently, each outcome its own;
+    a class's ``predict`` once for the batch."""
+    with collecting() as stages:
+        try:
+            if code.function:
+                out: Any = await asyncio.gather(*(
+                    _await_function(code, instance, item, options, model) for item in batch))
+            else:
+                out = await instance.predict(batch)
+        except SokujiError:
+            raise
+        except Exception as exc:  # noqa: BLE001 (the user's code: whatever it raises is its own failure)
+            raise failed(model, exc) from None
+    return Ran(_own_errors(results.check(out, len(batch), model, code.output_type,
+                                         code.function), model), stages)
 
 
 def invoke_stream(code: UserCode, instance: Any, batch: list[Any], model: str,
@@ -136,14 +168,34 @@ def _steps(code: UserCode, instance: Any, batch: list[Any]) -> Any:
         yield from instance.predict(batch)
 
 
-def _call_function(code: UserCode, fn: Any, item: Any, options: dict[str, Any] | None
-                   ) -> Any:
+def _call_function(code: UserCode, fn: Any, item: Any, options: dict[str, Any] | None,
+                   model: str) -> Any:
+    """One request's call of a function entry; what it raises is that request's result (an
+    exception), never the batch's."""
     kwargs = dict(item) if isinstance(item, dict) else {"inputs": item}
     if code.takes_options:
         kwargs["options"] = options or {}
-    if code.mode == "async":
-        return _loop().run_until_complete(fn(**kwargs))
-    return fn(**kwargs)
+    try:
+        if code.mode == "async":
+            return _loop().run_until_complete(fn(**kwargs))
+        return fn(**kwargs)
+    except SokujiError as exc:
+        return exc
+    except Exception as exc:  # noqa: BLE001 (the user's code: its failure, this request's)
+        return failed(model, exc)
+
+
+async def _await_function(code: UserCode, fn: Any, item: Any,
+                          options: dict[str, Any] | None, model: str) -> Any:
+    kwargs = dict(item) if isinstance(item, dict) else {"inputs": item}
+    if code.takes_options:
+        kwargs["options"] = options or {}
+    try:
+        return await fn(**kwargs)
+    except SokujiError as exc:
+        return exc
+    except Exception as exc:  # noqa: BLE001 (the user's code: its failure, this request's)
+        return failed(model, exc)
 
 
 def failed(model: str, exc: BaseException) -> ModelCodeFailed:

@@ -71,6 +71,7 @@ MODELS = (
     model("echo_det", f"{PKG}.core_forms:Echo", {"deterministic": True}),
     model("det_off", f"{PKG}.core_forms:Deterministic", {"deterministic": False}),
     model("described", f"{PKG}.core_forms:Described"),
+    model("per_request", f"{PKG}.core_forms:PerRequest", cache=False),
     model("declared", f"{PKG}.core_forms:Echo",
           {"inputs": [{"name": "x", "datatype": "FP32", "dims": [-1, 2]}],
            "outputs": [{"name": "x", "datatype": "FP32", "dims": [-1, 2]},
@@ -382,6 +383,16 @@ def test_an_exception_fails_only_its_batch(client: TestClient) -> None:
     assert answered.status_code == 200, answered.text
     assert answered.json()["outputs"][0]["data"] == ["good"]
     assert core_recorder.batches("faults")[ran:] == [["bad"], ["good"]]
+
+
+@pytest.mark.parametrize(("how", "status", "code"), [
+    ("ok", 200, None), ("refuse", 400, "invalid_input"), ("fail", 502, "model_error")])
+def test_a_request_the_class_fails_alone_gets_its_own_status(client: TestClient, how: str,
+                                                             status: int, code: Any) -> None:
+    r = client.post("/v2/models/per_request/infer", json={"parameters": {"how": how}})
+    assert r.status_code == status, r.text
+    if code is not None:
+        assert r.json()["code"] == code and "secret" not in r.text, r.text
 
 
 def test_a_class_that_fails_in_setup_stops_start_up(tmp_path: Path) -> None:

@@ -85,6 +85,38 @@ def test_a_function_entry_is_called_per_request_with_its_values() -> None:
     assert [r["y"].tolist() for r in ran.results] == [[2.0, 2.0], [0.0, 2.0, 4.0]]
 
 
+def test_a_function_calls_outcomes_are_each_its_own() -> None:
+    """Mutant: one call's exception failing the whole batch (``runner._call_function``
+    not catching): the good requests of the batch would fail too."""
+    code = options_of(python({"entry": f"{PKG}.core_forms:halve"})).code
+    ran = invoke(code, code.new(), [{"x": np.ones(2, np.float32)},
+                                    {"x": -np.ones(2, np.float32)},
+                                    {"x": np.full(1, 4, np.float32)}], "m")
+    good, bad, other = ran.results
+    assert good["y"].tolist() == [0.5, 0.5] and other["y"].tolist() == [2.0]
+    assert isinstance(bad, ModelCodeFailed) and "ValueError" in str(bad)
+    assert "secret" not in str(bad)
+
+
+def test_a_class_may_fail_one_request_by_returning_an_exception() -> None:
+    code = code_of(core_forms.PerRequest)
+    ran = invoke(code, code.new(), [{"how": "ok"}, {"how": "refuse"}, {"how": "fail"}], "m")
+    ok, refused, failed = ran.results
+    assert ok["x"].tolist() == [0.0]
+    assert isinstance(refused, InvalidInput) and refused.param == "how"
+    assert isinstance(failed, ModelCodeFailed) and "secret" not in str(failed)
+
+
+def test_a_generator_function_is_refused_as_an_entry(tmp_path: Path) -> None:
+    path = write(tmp_path, "genfn.py", """
+        def gen(x):
+            yield {"y": x}
+        """)
+    with pytest.raises(ConfigError, match="generator function") as err:
+        options_of(python({"entry": f"{path}:gen"}))
+    assert "options.entry" in str(err.value)
+
+
 def test_each_form_of_predict_is_read(tmp_path: Path) -> None:
     path = write(tmp_path, "forms.py", """
         import msgspec

@@ -48,7 +48,8 @@ class PipelineKind(Kind):
     def build(self, model: ModelConfig, options: Any, env: BuildEnv) -> Built:
         from sokuji.pipelines.load import load_pipeline
 
-        return Built(load_pipeline(options, env.at, env.server, env.models, env.shared))
+        return Built(load_pipeline(options, env.at, env.server, env.models, env.shared,
+                                   env.on_batch))
 
 
 KIND = PipelineKind()

@@ -23,7 +23,7 @@ there stops start-up naming the model and its traceback's last line.
 from __future__ import annotations
 
 import dataclasses
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -70,6 +70,12 @@ class PythonOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     max_rss_mb: Annotated[int, msgspec.Meta(ge=0)] = 0
     """With workers: a worker whose resident memory exceeds this after a batch is restarted
     before the next. 0: no bound."""
+    event_loop: Literal["thread", "server"] = "thread"
+    """Where ``async def`` code is awaited: ``thread``, an event loop of the worker thread's
+    own (code that blocks stalls only its batch); ``server``, the server's own loop, as
+    FastAPI awaits an ``async def`` endpoint: no thread hop, many batches at once (up to
+    ``instances``), a batch nobody waits for any more cancelled; the code must never block.
+    A pipeline's ``async def`` step runs so."""
     deterministic: bool | None = None
     """The same input always gets the same answer (the response cache may keep it); None:
     as the class's ``deterministic`` attribute says (default False)."""
@@ -134,6 +140,11 @@ class PythonKind(Kind):
                                       f"a Python model with workers runs one batch per "
                                       f"worker process: options.workers ({o.workers}) sets "
                                       "its instances")
+        if options.code.function and options.code.streams:
+            raise ConfigError.for_key(f"{at}.options.entry", o.entry,
+                                      "is a generator function: a function entry returns "
+                                      "its result (to stream, use a class whose predict "
+                                      "yields)")
         if options.code.task == "embeddings" and options.code.streams:
             raise ConfigError.for_key(f"{at}.options.entry", o.entry,
                                       "declares task 'embeddings', whose predict must return "
@@ -142,6 +153,10 @@ class PythonKind(Kind):
             raise ConfigError.for_key(f"{at}.options.outputs", [],
                                       "must be declared too where options.inputs is (V2 "
                                       "answers a model's declared outputs only)")
+        if o.event_loop == "server" and (o.workers or options.code.mode != "async"):
+            raise ConfigError.for_key(f"{at}.options.event_loop", o.event_loop,
+                                      "is for async def code (not a generator) in the "
+                                      "server's process (workers = 0)")
         if (o.timeout_ms or o.max_rss_mb) and not o.workers:
             key = "timeout_ms" if o.timeout_ms else "max_rss_mb"
             raise ConfigError.for_key(f"{at}.options.{key}", getattr(o, key),
@@ -173,7 +188,8 @@ class PythonKind(Kind):
             batcher_config(model, env.server.slos),
             instances=o.workers or model.instances,
             inline_max_ms=model.inline_max_ms if inline else 0.0)
-        served.batcher = DynamicBatcher(model.name, served.run_batch, bc,
+        run = served.run_batch_on_loop if o.event_loop == "server" else served.run_batch
+        served.batcher = DynamicBatcher(model.name, run, bc,
                                         on_batch=env.on_batch(model.name) if env.on_batch
                                         else None)
         return Built(served)

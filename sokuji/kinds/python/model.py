@@ -107,6 +107,8 @@ class _Handle:
     async def result(self) -> Out:
         out = await self._entry.result()
         self._out = out
+        if isinstance(out.value, BaseException):  # this request's own failure
+            raise out.value
         return out
 
     async def events(self) -> AsyncIterator[Any]:
@@ -228,6 +230,14 @@ class PythonModel(BatchedModel):
             return prepared.task.handle(handle, ctx, prepared.form)
         return handle
 
+    async def run_batch_on_loop(self, batch: Sequence[Prepared]) -> list[Out]:
+        """One batch of ``async def`` code, awaited on the server's loop (``event_loop =
+        "server"``)."""
+        ran = await self.runtime.run_on_loop([p.data for p in batch])
+        if not self._seen:
+            self._observe(batch[0].data, ran)
+        return [Out(r, ran.stages) for r in ran.results]
+
     def run_batch(self, batch: Sequence[Prepared]) -> list[Out]:
         """One batch, in a worker thread of the batcher (blocking)."""
         if not self.streams:
@@ -252,6 +262,9 @@ class PythonModel(BatchedModel):
         back); it stays open: later requests may send other tensors."""
         self._seen = True
         result = ran.results[0] if ran.results else None
+        if isinstance(result, BaseException):  # failed alone: the next batch shows it
+            self._seen = False
+            return
         try:
             outs = values_.to_tensors(result, self.name) if result is not None else []
         except BadModelOutput:

@@ -1,7 +1,9 @@
 """Python models of the other forms a user writes, for the kind's tests: ``Echo`` (each
 request's values back: its arrays as they came, and what type each value reached it as;
 counts its calls), ``Described`` (``async def predict`` and ``describe()``), ``Options``
-(the options ``setup`` received), and ``double``, a plain function entry."""
+(the options ``setup`` received), ``PerRequest`` (refuses or fails one request of its
+batch by returning an exception in its place), and ``double`` / ``halve``, plain function
+entries (``halve`` raises for a negative ``x``: that request's failure alone)."""
 
 from __future__ import annotations
 
@@ -55,3 +57,25 @@ class Options:
 
 def double(x: np.ndarray) -> dict[str, np.ndarray]:
     return {"y": x * 2}
+
+
+def halve(x: np.ndarray) -> dict[str, np.ndarray]:
+    if (x < 0).any():
+        raise ValueError("secret: negative input")
+    return {"y": x / 2}
+
+
+class PerRequest:
+    """Each request's ``how``: ``ok`` (its ``x`` back), ``refuse`` (an ``InvalidInput`` in
+    its place: a 400 for that request) or ``fail`` (a ``ValueError`` in its place)."""
+
+    def predict(self, inputs: list[dict[str, Any]]) -> list[Any]:
+        from sokuji.errors import InvalidInput
+
+        out: list[Any] = []
+        for values in inputs:
+            how = values.get("how", "ok")
+            out.append(InvalidInput("this request is refused", param="how")
+                       if how == "refuse" else ValueError("secret") if how == "fail"
+                       else {"x": values.get("x", np.zeros(1, np.float32))})
+        return out
