@@ -414,3 +414,33 @@ def test_the_hand_off_keeps_values_and_grows_its_segment() -> None:
         inbox.close()
         outbox.close()
     assert not segments(f"sokuji-{os.getpid()}-test-")
+
+
+def test_describe_is_answered_by_a_worker_and_a_failing_one_stops_start_up(
+        tmp_path: Path) -> None:
+    """``describe()`` with workers: asked of the first set-up instance in the worker (the
+    server never builds the class itself); a describe that raises stops start-up there."""
+    from sokuji import config as cfg
+    from sokuji.repository.models import ModelRepository
+
+    described = "tests.data.pymodels.core_forms:Described"
+    config = cfg.validate(cfg.ServerConfig(
+        models=(cfg.ModelConfig(name="d", runtime="python",
+                                options={"entry": described, "workers": 1}),),
+        builtin_pipelines=False, cache_dir=str(tmp_path)))
+    repo = ModelRepository.load(config)
+    try:
+        meta = repo.models["d"].served.metadata
+        assert [t.name for t in meta.inputs] == ["x"] and [t.name for t in meta.outputs] == ["y"]
+        assert not meta.open
+    finally:
+        repo.models["d"].served.close()
+    bad = tmp_path / "bad_describe.py"
+    bad.write_text("class D:\n    def describe(self):\n        raise ValueError('no')\n"
+                   "    def predict(self, inputs):\n        return [{} for _ in inputs]\n")
+    config = cfg.validate(cfg.ServerConfig(
+        models=(cfg.ModelConfig(name="bad", runtime="python",
+                                options={"entry": f"{bad}:D", "workers": 1}),),
+        builtin_pipelines=False, cache_dir=str(tmp_path)))
+    with pytest.raises(ConfigError, match=r"model 'bad'.*describe\(\) failed: ValueError: no"):
+        ModelRepository.load(config)

@@ -187,6 +187,8 @@ class ProcessRunner:
         self._closing = threading.Event()
         self._setup_s = 1.0
         self._wids = itertools.count()
+        self._described: Any = None
+        """What the last worker set up answered ``describe()`` (None: no describe)."""
         _pools.add(self)
 
     # -- the Runner contract
@@ -217,6 +219,10 @@ class ProcessRunner:
             self._live.extend(started)
             self._free.extend(started)
             self._cv.notify_all()
+
+    def describe(self) -> Any:
+        """The class's ``describe()``, as a worker's set-up instance answered it."""
+        return self._described
 
     @property
     def alive(self) -> bool:
@@ -389,6 +395,7 @@ class ProcessRunner:
             except (EOFError, OSError):
                 op, value = "", None
             if op == "ready":
+                self._described = value[1]
                 return
             if op == "setup_failed":
                 self._kill(w)

@@ -90,7 +90,14 @@ def main(conn: Connection, spec: Spec) -> None:
                 f"model '{spec.model}' ({spec.entry}): setup failed: "
                 f"{entries.last_line(exc)}"), None)
             return
-        shm.send(conn, "ready", os.getpid(), None)
+        try:  # the class's V2 metadata, asked of a set-up instance (the server shows it)
+            described = instance.describe() if code.describes else None
+        except Exception as exc:  # noqa: BLE001 - the user's code: start-up stops, naming it
+            shm.send(conn, "setup_failed", ConfigError(
+                f"model '{spec.model}' ({spec.entry}): describe() failed: "
+                f"{entries.last_line(exc)}"), None)
+            return
+        shm.send(conn, "ready", (os.getpid(), described), None)
         _serve(conn, spec, code, instance, inbox, outbox)
         teardown = None if code.function else getattr(instance, "teardown", None)
         if callable(teardown):

@@ -87,6 +87,11 @@ class Accounting:
         if error.status in AUTH_STATUSES:
             self.metrics.auth_failures.labels(str(error.status)).inc()
 
+    def left(self, name: str) -> None:
+        """A stream whose client went away (or stopped reading) before its end: counted as
+        499, as a cancelled generation is."""
+        self.metrics.requests.labels(name, "499").inc()
+
     def streamed(self, model: Model, t0: int) -> None:
         """A stream (``Api.STREAM``) answered to its end: its whole time as ``infer``."""
         tl = Timeline(t0)

@@ -235,13 +235,16 @@ class Predict:
             task = asyncio.current_task()
             if task is not None and task.cancelling():
                 raise  # the server's own cancellation, not the request's
+            self.accounting.left(model.name)
             return  # the client went away while the request waited: cancelled
         except _Unread:
             log.info("a stream of model '%s' ended: its client took nothing for %g s",
                      model.name, self.send_timeout_s)
+            self.accounting.left(model.name)
             return
         except Exception as exc:  # noqa: BLE001 - the model's failure or a bug: one mapper
             if watcher.done():
+                self.accounting.left(model.name)
                 return  # the client is gone: whatever failed since, nobody reads it
             if not started:
                 await self._refuse(exc, path, params, t0, tenant, trace, tl, send)

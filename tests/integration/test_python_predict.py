@@ -261,6 +261,11 @@ def test_client_going_away_stops_the_generator(url: str) -> None:
     steps = progress.read_text().split()
     assert steps[-1] == "closed"
     assert len(steps) - 1 < 200  # it stopped early, not at its end
+    gone = 'sokuji_requests_total{model="steps",status="499"}'
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and gone not in requests.get(f"{url}/metrics").text:
+        time.sleep(0.05)
+    assert gone in requests.get(f"{url}/metrics").text  # counted, as a cancelled generation
 
 
 def test_a_client_reading_too_slowly_gets_an_error_event(url: str) -> None:

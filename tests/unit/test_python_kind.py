@@ -319,17 +319,26 @@ def test_a_v2_request_becomes_arrays_and_plain_parameters() -> None:
     assert err.value.param == "parameters.x"
 
 
-def test_values_are_converted_to_a_typed_input() -> None:
-    class Query(msgspec.Struct):
-        text: str
-        k: int = 1
+class Query(msgspec.Struct):
+    text: str
+    k: int = 1
 
+
+class Outer(msgspec.Struct):
+    query: Query
+
+
+def test_values_are_converted_to_a_typed_input() -> None:
     assert values.typed({"text": "hi", "k": np.array(2)}, Query) == Query("hi", 2)
     with pytest.raises(InvalidInput) as err:
         values.typed({"text": "hi", "k": "many"}, Query)
     assert err.value.param == "k" and "invalid input" in str(err.value)
-    with pytest.raises(InvalidInput, match="text"):
+    with pytest.raises(InvalidInput, match="text") as err:
         values.typed({}, Query)
+    assert err.value.param == "text"  # a missing field is named as the field
+    with pytest.raises(InvalidInput) as err:
+        values.typed({"query": {"k": 2}}, Outer)
+    assert err.value.param == "query.text"
     pydantic = pytest.importorskip("pydantic")
 
     class Doc(pydantic.BaseModel):

@@ -213,14 +213,11 @@ def _metadata(model: ModelConfig, o: PythonOptions, code: Any, runner: Any, at: 
         return ModelMetadata(PLATFORM, _specs(o.inputs), _specs(o.outputs),
                              open=not o.inputs)
     if code.describes:
-        try:
-            described = runner.describe() if hasattr(runner, "describe") else None
+        try:  # (a worker process asked it as it set up: a failure stopped start-up there)
+            described = runner.describe()
         except Exception as exc:  # noqa: BLE001 (the user's code: start-up stops, naming it)
             raise ConfigError(f"model '{model.name}' ({code.entry}): describe() failed: "
                               f"{entry_.last_line(exc)}") from None
-        if described is None:
-            raise ConfigError(f"{at} ({model.name}): describe() of {code.entry} can be "
-                              "called only in a server thread (workers = 0)")
         return _described(described, model.name, code.entry)
     return ModelMetadata(PLATFORM, (), (), open=True)
 

@@ -61,8 +61,7 @@ def typed(values: Mapping[str, Any], record: Any) -> Any:
             return msgspec.convert(plain, record, strict=False)
         except msgspec.ValidationError as exc:
             text = str(exc)
-            field = text.rsplit("at `$.", 1)[-1].rstrip("`") if "at `$." in text else None
-            raise InvalidInput(f"invalid input: {text}", param=field) from None
+            raise InvalidInput(f"invalid input: {text}", param=_field(text)) from None
     from pydantic import ValidationError
 
     try:
@@ -72,6 +71,17 @@ def typed(values: Mapping[str, Any], record: Any) -> Any:
         field = ".".join(str(p) for p in first.get("loc", ())) or None
         raise InvalidInput(f"invalid input: field '{field}': {first.get('msg')}",
                            param=field) from None
+
+
+def _field(text: str) -> str | None:
+    """The field a msgspec validation error names: ``... - at `$.a.b``` and, for a missing
+    one, ``Object missing required field `c```, joined (``a.b.c``)."""
+    at = text.rsplit("at `$.", 1)[-1].rstrip("`") if "at `$." in text else None
+    marker = "missing required field `"
+    if marker not in text:
+        return at
+    missing = text.split(marker, 1)[1].split("`", 1)[0]
+    return f"{at}.{missing}" if at else missing
 
 
 def check_arguments(signature: inspect.Signature, values: Mapping[str, Any],
