@@ -103,7 +103,7 @@ class Inference:
             outputs = served.to_tensors(result, report)
         elif form != uploads.V2:
             async def plain() -> tuple[Entry, Report]:
-                result, report = await _call(model, served, inputs, ctx)
+                result, report = await call(model, served, inputs, ctx)
                 doc = _plain(model, served.to_plain(result))
                 return Entry(np.frombuffer(doc, dtype=np.uint8), 0), report
 
@@ -112,7 +112,7 @@ class Inference:
             return model, entry.output.tobytes(), {"content-type": JSON}, report
         else:
             async def tensors() -> tuple[Entry, Report]:
-                result, report = await _call(model, served, inputs, ctx)
+                result, report = await call(model, served, inputs, ctx)
                 return cache_entries.entry(served.to_tensors(result, report), meta,
                                             report.input_tokens), \
                     report
@@ -159,7 +159,7 @@ class Inference:
             tokens = report.input_tokens
         else:
             async def rows() -> tuple[Entry, Report]:
-                result, report = await _call(model, served, texts, ctx)
+                result, report = await call(model, served, texts, ctx)
                 return Entry(np.asarray(result), report.input_tokens), report
 
             entry, report = await self._cached(model, ctx, parts, rows,
@@ -206,8 +206,8 @@ def _decode(served: ServedModel, body: bytes, length: int | None, meta: ModelMet
     return request, served.from_tensors(request)
 
 
-async def _call(model: Model, served: ServedModel, inputs: Any, ctx: RequestContext
-                ) -> tuple[Any, Report]:
+async def call(model: Model, served: ServedModel, inputs: Any, ctx: RequestContext
+               ) -> tuple[Any, Report]:
     """One request through the contract, its Timeline stamped: the result and the report."""
     tl = ctx.timeline
     assert tl is not None

@@ -68,7 +68,7 @@ from sokuji.server.accounting import Accounting
 from sokuji.server.auth import Tenant
 from sokuji.server.failures import ErrorStyle, error_reply, to_error
 from sokuji.server.http import JSON, ClientGone, Headers, check_content_type, read_body
-from sokuji.server.inference import VARIANT_HEADER, Answer, Inference
+from sokuji.server.inference import VARIANT_HEADER, Answer, Inference, call
 
 log = logging.getLogger(__name__)
 ALIAS = "/predict"
@@ -148,8 +148,6 @@ class Predict:
         tl.mark(Stage.DECODE)
         ctx = scheduling.context(tenant, headers, {}, tl.start_ns,
                                  model.config.default_timeout_ms, timeline=tl)
-        if model.variant:
-            tl.notes[Stage.INFER] = model.variant
         return model, served, values, ctx
 
     # -- one JSON answer ------------------------------------------------------------------
@@ -162,22 +160,13 @@ class Predict:
         parts = served.identity(values) if inference.cache is not None and \
             model.config.cache and not getattr(served, "streams", False) else None
         if parts is None:
-            prepared = await served.prepare(values, ctx)
-            tl.mark(Stage.PREPROCESS)
-            handle = served.submit(prepared, ctx)
-            result = await handle.result()
-            tl.mark(Stage.POSTPROCESS)
-            report = handle.report
+            result, report = await call(model, served, values, ctx)
             body = _json(model, served.to_json(result))
         else:
             async def compute() -> tuple[Entry, Report]:
-                prepared = await served.prepare(values, ctx)
-                tl.mark(Stage.PREPROCESS)
-                handle = served.submit(prepared, ctx)
-                result = await handle.result()
-                tl.mark(Stage.POSTPROCESS)
+                result, report = await call(model, served, values, ctx)
                 doc = _json(model, served.to_json(result))
-                return Entry(np.frombuffer(doc, dtype=np.uint8), 0), handle.report
+                return Entry(np.frombuffer(doc, dtype=np.uint8), 0), report
 
             entry, report = await inference._cached(model, ctx, parts, compute,
                                                     headers.get("cache-control", ""),
@@ -198,6 +187,8 @@ class Predict:
         try:
             model, served, values, ctx = await self._begin(path, params, headers, receive,
                                                            tl, tenant)
+            if model.variant:
+                tl.notes[Stage.INFER] = model.variant
             prepared = await served.prepare(values, ctx)
             tl.mark(Stage.PREPROCESS)
             handle = served.submit(prepared, ctx)
