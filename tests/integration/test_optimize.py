@@ -33,7 +33,7 @@ def optimized(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, 
     shutil.copy(minilm.tokenizer_path(), root / "tokenizer.json")
     proc = subprocess.run(
         [sys.executable, "-m", "sokuji", "optimize", str(model), "--variants",
-         "int8,int8-mixed", "--force", "int8", "--out", str(root / "out.json"),
+         "int8,int8-mixed", "--force", "int8", "--threads", "2", "--out", str(root / "out.json"),
          "--html", str(root / "report.html")], capture_output=True, text=True, timeout=300)
     yield model, json.loads((root / "out.json").read_text()), proc.returncode
 
@@ -72,7 +72,7 @@ def test_a_strict_gate_fails_everything_and_exits_nonzero(optimized: tuple[Path,
     shutil.copy(optimized[0], model)
     proc = subprocess.run([sys.executable, "-m", "sokuji", "optimize", str(model),
                            "--tokenizer", str(optimized[0].parent / "tokenizer.json"),
-                           "--variants", "int8", "--min-cosine", "0.99999"],
+                           "--variants", "int8", "--min-cosine", "0.99999", "--threads", "2"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1
     assert "no optimized variant passed" in proc.stderr
