@@ -60,6 +60,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import warnings
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -247,7 +248,9 @@ class Vocabulary:
         from llguidance.llamacpp import lltokenizer_from_vocab
 
         eog = [int(t) for t in model.eog_ids]
-        tokenizer = lltokenizer_from_vocab(model.vocab, eos_token=eog or None)
+        with warnings.catch_warnings():  # it calls llama_token_get_attr, once per token
+            warnings.simplefilter("ignore", DeprecationWarning)
+            tokenizer = lltokenizer_from_vocab(model.vocab, eos_token=eog or None)
         return cls(tokenizer, model.n_vocab, tokenizer.eos_tokens, owner=model)
 
     @classmethod
