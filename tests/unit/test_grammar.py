@@ -173,6 +173,19 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                        "half": {"type": "number", "multipleOf": 0.5, "minimum": 0,
                                 "maximum": 100},
                        "neg": {"type": "integer", "exclusiveMaximum": 0, "minimum": -1000}}},
+    "oneOf, allOf, prefixItems, recursion": {
+        "$defs": {"node": {"type": "object", "additionalProperties": False, "required": ["v"],
+                           "properties": {"v": {"type": "integer", "minimum": 0, "maximum": 9},
+                                          "kids": {"type": "array", "maxItems": 2,
+                                                   "items": {"$ref": "#/$defs/node"}}}}},
+        "type": "object", "additionalProperties": False, "required": ["pair", "one", "tree"],
+        "properties": {
+            "pair": {"type": "array", "prefixItems": [{"type": "boolean"}, {"const": "x"}],
+                     "items": False, "minItems": 2},
+            "one": {"oneOf": [{"type": "integer", "minimum": 0, "maximum": 3},
+                              {"type": "string", "maxLength": 3}]},
+            "both": {"allOf": [{"type": "integer", "minimum": 0}, {"maximum": 9}]},
+            "tree": {"$ref": "#/$defs/node"}}},
 }
 
 _RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$")
