@@ -326,7 +326,7 @@ class Grammars:
         self._limits = limits
         """llguidance's ``LLParserLimits`` (fuel, grammar size, lexer states): its defaults,
         verbose errors off (``None``: that)."""
-        self._cache: OrderedDict[tuple[str | None, str, str], Compiled | InvalidInput] = (
+        self._cache: OrderedDict[tuple[str | None, str, str], Compiled | _Refusal] = (
             OrderedDict())
         self._lock = threading.Lock()
         self.hits = 0
@@ -337,7 +337,7 @@ class Grammars:
 
     def cached(self, spec: GrammarSpec, tenant: str | None) -> Compiled | None:
         """The cached result without compiling (non-blocking: for the event loop); ``None``
-        when it is not there. A cached refusal is raised again."""
+        when it is not there. A cached refusal is raised again (naming this spec's field)."""
         key = (tenant, spec.kind, spec.text)
         with self._lock:
             found = self._cache.get(key)
@@ -345,8 +345,8 @@ class Grammars:
                 return None
             self._cache.move_to_end(key)
             self.hits += 1
-        if isinstance(found, InvalidInput):
-            raise InvalidInput(found.message, param=spec.param)
+        if isinstance(found, _Refusal):
+            raise found.error(spec)
         return found
 
     def compile(self, spec: GrammarSpec, tenant: str | None) -> Compiled:
@@ -358,17 +358,17 @@ class Grammars:
             return hit
         key = (tenant, spec.kind, spec.text)
         try:
-            result: Compiled | InvalidInput = self._build(spec)
-        except InvalidInput as exc:
-            result = exc
+            result: Compiled | _Refusal = self._build(spec)
+        except _Refusal as refusal:
+            result = refusal.with_traceback(None)  # cached: keep no frames alive
         with self._lock:
             self.misses += 1
             self._cache[key] = result
             self._cache.move_to_end(key)
             while len(self._cache) > self.max_entries:
                 self._cache.popitem(last=False)
-        if isinstance(result, InvalidInput):
-            raise result
+        if isinstance(result, _Refusal):
+            raise result.error(spec) from None
         return result
 
     def _build(self, spec: GrammarSpec) -> Compiled:
@@ -378,32 +378,69 @@ class Grammars:
                 grammar = llg.LLMatcher.grammar_from_json_schema(spec.text,
                                                                  overrides=_JSON_OPTIONS)
             except ValueError as exc:
-                raise _refused(spec, "the JSON schema is not valid", str(exc)) from None
+                raise _Refusal("the JSON schema is not valid", str(exc)) from None
             what = "the JSON schema cannot be enforced"
         else:
             from llguidance.gbnf_to_lark import gbnf_to_lark
 
+            what = "the GBNF grammar is not valid"
             try:
                 lark = gbnf_to_lark(spec.text)
             except RecursionError:
-                raise _refused(spec, "the GBNF grammar is not valid",
-                               "it nests too deeply") from None
+                raise _Refusal(what, "it nests too deeply") from None
             except Exception as exc:  # noqa: BLE001 (GbnfToLarkError, or a bare Exception)
-                raise _refused(spec, "the GBNF grammar is not valid", str(exc)) from None
+                raise _Refusal(what, str(exc)) from None
             grammar = llg.LLMatcher.grammar_from_lark(lark)
-            what = "the GBNF grammar is not valid"
         limits = self._limits or llg.LLParserLimits(verbose_errors=False)
         template = llg.LLMatcher(self.vocab.tokenizer, grammar, log_level=0, limits=limits)
         if template.is_error():
-            raise _refused(spec, what, template.get_error())
-        return Compiled(template, self.vocab, spec.kind)
+            raise _Refusal(what, template.get_error())
+        compiled = Compiled(template, self.vocab, spec.kind)
+        problem = _probe(compiled.matcher(), self.vocab)
+        if problem:
+            raise _Refusal("the grammar is too complex to enforce", problem)
+        return compiled
 
 
-def _refused(spec: GrammarSpec, what: str, detail: str) -> InvalidInput:
-    detail = detail.strip()
-    if len(detail) > MAX_ERROR_CHARS:
-        detail = detail[:MAX_ERROR_CHARS - 3] + "..."
-    return InvalidInput(f"{spec.param}: {what}: {detail}", param=spec.param)
+PROBE_STEPS = 8
+"""Steps of a deterministic walk tried at compile time (see ``_probe``)."""
+
+
+def _probe(matcher: Matcher, vocab: Vocabulary) -> str | None:
+    """Walk the first ``PROBE_STEPS`` steps (each time the lowest allowed token that is not
+    end-of-generation) and return the error a step hit, if any. llguidance builds its parser
+    rows lazily, so a grammar can compile and then fail at its first steps (1500 optional
+    properties: ``Current row has 5999 items; max is 2000``, right after ``{``): such a
+    grammar is a 400, not a sequence that fails in the engine. A heuristic: a grammar that
+    blows up only deeper in is still caught by the engine (``Matcher.error``)."""
+    mask = vocab.allocate(1)[0]
+    eog = np.asarray(vocab.eog_ids, dtype=np.int64)
+    for _ in range(PROBE_STEPS):
+        if matcher.done:
+            return None
+        if not matcher.fill(mask):
+            return matcher.error
+        allowed = allowed_tokens(mask, vocab.n_vocab)
+        allowed = allowed[~np.isin(allowed, eog)]
+        if not len(allowed):
+            return None  # only the end may follow
+        if not matcher.consume(int(allowed[0])):
+            return matcher.error
+    return None
+
+
+class _Refusal(Exception):
+    """Why a grammar is refused: cached, and turned into the 400 for each request's field."""
+
+    def __init__(self, what: str, detail: str) -> None:
+        super().__init__(what)
+        detail = detail.strip()
+        if len(detail) > MAX_ERROR_CHARS:
+            detail = detail[:MAX_ERROR_CHARS - 3] + "..."
+        self.what, self.detail = what, detail
+
+    def error(self, spec: GrammarSpec) -> InvalidInput:
+        return InvalidInput(f"{spec.param}: {self.what}: {self.detail}", param=spec.param)
 
 
 # -- 3. per sequence (engine thread) --------------------------------------------------------

@@ -339,6 +339,28 @@ def test_unsupported_or_invalid_schema_is_a_400_naming_it(
     assert grammars.hits == 1 and grammars.misses == 1
 
 
+def test_a_grammar_that_fails_at_its_first_steps_is_a_400(grammars: G.Grammars) -> None:
+    """1500 optional properties compile, then llguidance's parser row overflows right after
+    ``{``: the compile-time probe walk finds it, so it is refused, not failed in the engine."""
+    schema = {"type": "object", "additionalProperties": False,
+              "properties": {f"p{i}": {"type": "integer"} for i in range(1500)}}
+    with pytest.raises(InvalidInput) as info:
+        grammars.compile(_rf(schema), "t")
+    assert "too complex" in info.value.message and "max is 2000" in info.value.message
+
+
+def test_a_cached_refusal_names_the_field_of_the_request(grammars: G.Grammars) -> None:
+    schema = {"type": "array", "uniqueItems": True}
+    with pytest.raises(InvalidInput):
+        grammars.compile(_rf(schema), "t")
+    spec = G.parse_json_schema(schema)  # llama-server's field, the same schema text
+    assert spec is not None
+    with pytest.raises(InvalidInput) as info:
+        grammars.compile(spec, "t")
+    assert grammars.hits == 1 and info.value.param == "json_schema"
+    assert info.value.message.startswith("json_schema: ")
+
+
 GBNF = r'''root ::= "answer: " (yes | no | list)
 yes ::= "yes"
 no ::= "no"
