@@ -398,7 +398,8 @@ class Grammars:
         compiled = Compiled(template, self.vocab, spec.kind)
         problem = _probe(compiled.matcher(), self.vocab)
         if problem:
-            raise _Refusal("the grammar is too complex to enforce", problem)
+            subject = "the JSON schema" if spec.kind == "json_schema" else "the GBNF grammar"
+            raise _Refusal(f"{subject} fails at its first steps", problem)
         return compiled
 
 
@@ -503,7 +504,8 @@ class Matcher:
         if self._error is not None:
             return self._error
         if self._m.is_error():
-            return str(self._m.get_error()).split("\n", 1)[0] or "grammar error"
+            text = str(self._m.get_error()).split("\n", 1)[0]
+            return _STOP_WORDS.get(text, text) or "grammar error"
         return None
 
     @property
@@ -512,6 +514,14 @@ class Matcher:
         EOG token was consumed), ``ParserTooComplex``, ``LexerTooComplex``..."""
         return str(self._m.stop_reason())
 
+
+_STOP_WORDS = {
+    "NoExtension": "no token can continue the output (the grammar may describe no text)",
+    "NoExtensionBias": "no token can continue the output (the grammar may describe no text)",
+    "ParserTooComplex": "the grammar's parser ran past its limits at this step",
+    "LexerTooComplex": "the grammar's lexer ran past its limits at this step",
+}
+"""llguidance stop reasons that arrive as a bare error text, in words."""
 
 _executor: Any = None
 _executor_lock = threading.Lock()

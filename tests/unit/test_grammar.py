@@ -213,8 +213,9 @@ def _walk(matcher: G.Matcher, vocab: G.Vocabulary, rng: np.random.Generator,
     for _ in range(cap):
         assert matcher.fill(mask), matcher.error
         allowed = G.allowed_tokens(mask, vocab.n_vocab)
-        eog = set(allowed.tolist()) & set(vocab.eog_ids)
+        eog = [t for t in vocab.eog_ids if (int(mask[t >> 5]) >> (t & 31)) & 1]
         assert bool(eog) == matcher.accepting  # EOG allowed exactly where it may end
+        assert not eog or len(eog) == len(vocab.eog_ids)  # all of them, or none
         token = int(rng.choice(allowed))
         assert matcher.consume(token), matcher.error
         if token in vocab.eog_ids:
@@ -346,7 +347,8 @@ def test_a_grammar_that_fails_at_its_first_steps_is_a_400(grammars: G.Grammars) 
               "properties": {f"p{i}": {"type": "integer"} for i in range(1500)}}
     with pytest.raises(InvalidInput) as info:
         grammars.compile(_rf(schema), "t")
-    assert "too complex" in info.value.message and "max is 2000" in info.value.message
+    assert "fails at its first steps" in info.value.message
+    assert "max is 2000" in info.value.message
 
 
 def test_a_cached_refusal_names_the_field_of_the_request(grammars: G.Grammars) -> None:
@@ -394,6 +396,20 @@ def test_malformed_gbnf_is_a_400_naming_grammar(text: str, needle: str,
     with pytest.raises(InvalidInput) as info:
         grammars.compile(spec, "t")
     assert info.value.param == "grammar" and needle in info.value.message
+
+
+@pytest.mark.parametrize(("text", "needle"), [
+    ('root ::= "a" root', "Too many items"),  # never ends
+    ('root ::= x\nx ::= x "a"', "no token can continue"),  # describes no text at all
+])
+def test_impossible_gbnf_is_refused_at_compile(text: str, needle: str,
+                                               grammars: G.Grammars) -> None:
+    spec = G.parse_gbnf(text)
+    assert spec is not None
+    with pytest.raises(InvalidInput) as info:
+        grammars.compile(spec, "t")
+    assert info.value.param == "grammar" and needle in info.value.message
+    assert "fails at its first steps" in info.value.message
 
 
 def test_cache_is_per_tenant_and_bounded(vocab: G.Vocabulary) -> None:
