@@ -1,7 +1,8 @@
 """Structured outputs: a grammar per request, enforced by a per-sequence token mask.
 
-The engine is llguidance (chosen by measurement; /work/notes/grammar-research.md). Three steps,
-each where it belongs:
+The engine is llguidance (chosen by measurement against xgrammar, outlines-core and llama.cpp's
+own grammar sampler, for issue 28; user-facing docs: docs/structured-outputs.md). Three
+steps, each where it belongs:
 
 1. **On the event loop, cheap** (no compile): ``parse_response_format(value)`` (OpenAI's
    ``response_format``), ``parse_json_schema(value)`` (llama-server's ``json_schema``) and
@@ -20,6 +21,9 @@ each where it belongs:
    an ``InvalidInput`` naming the field, with llguidance's text. llguidance's ``lenient`` mode
    (which ignores what it cannot enforce) is never set, and a schema's own ``x-guidance``
    options are refused, so a constraint is either enforced or refused, never silently dropped.
+   Compiling also walks the grammar's first ``PROBE_STEPS`` steps, so a grammar that fails at
+   once (a parser row past llguidance's limit, a grammar that never ends or describes no
+   text) is a 400 rather than a failed generation.
 3. **In the engine, per sequence**: ``Compiled.matcher() -> Matcher`` (a copy of a pristine
    matcher: about a microsecond). Each step: ``matcher.fill(mask)`` writes the allowed tokens
    for the next position (packed int32 words, bit ``i % 32`` of word ``i // 32`` = token ``i``,
@@ -31,9 +35,11 @@ each where it belongs:
    - ``matcher.accepting``: the document may end here, so the mask holds the model's
      end-of-generation tokens (all of ``Vocabulary.eog_ids``); sampling one ends the sequence
      (``"stop"``) as usual. While it is false, no end-of-generation token is allowed, so the
-     engine's ``ban_eog`` (``min_tokens``, ``ignore_eos``) has nothing to add, and when it is
-     true the grammar's choice must win over ``ignore_eos`` (else the sequence runs on until
-     ``max_tokens`` with only EOG tokens allowed).
+     engine's ``ban_eog`` (``min_tokens``, ``ignore_eos``) has nothing to add. When
+     ``ban_eog`` applies while it is true, the grammar goes on where it can (more digits);
+     but once ``done``, the mask allows the EOG tokens only, so the engine must end the
+     sequence on ``done`` whatever ``ignore_eos``/``min_tokens`` say (else every logit is
+     ``-inf``).
    - ``matcher.error``: not ``None`` when the grammar cannot go on (a token outside the mask
      was consumed, llguidance's per-step fuel ran out, or no token is allowed): end the
      sequence with a clear reason (the text says why); never keep sampling.
