@@ -100,12 +100,11 @@ def test_too_deep_and_too_large_are_refused_before_compiling() -> None:
 
 # -- with the real vocabulary ---------------------------------------------------------------
 
-pytest.importorskip("llguidance")
-pytest.importorskip("llama_cpp")
-
-
 @pytest.fixture(scope="module")
 def vocab() -> G.Vocabulary:
+    """SmolLM2's vocabulary (the tests above need neither llguidance nor llama.cpp)."""
+    pytest.importorskip("llguidance")
+    pytest.importorskip("llama_cpp")
     from sokuji.llm import native
 
     return G.Vocabulary.from_gguf(native.smollm2_path())
