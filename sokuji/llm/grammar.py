@@ -257,6 +257,9 @@ class Vocabulary:
         with warnings.catch_warnings():  # it calls llama_token_get_attr, once per token
             warnings.simplefilter("ignore", DeprecationWarning)
             tokenizer = lltokenizer_from_vocab(model.vocab, eos_token=eog or None)
+        if tokenizer.vocab_size != model.n_vocab:
+            raise ValueError(f"llguidance sees {tokenizer.vocab_size} tokens, llama.cpp "
+                             f"{model.n_vocab}")
         return cls(tokenizer, model.n_vocab, tokenizer.eos_tokens, owner=model)
 
     @classmethod
