@@ -11,19 +11,21 @@ steps, each where it belongs:
    (400) or a ``LimitExceeded`` (413) whose ``param`` names the field. The size and nesting
    limits (``MAX_SCHEMA_BYTES``, ``MAX_SCHEMA_DEPTH``, ``MAX_GRAMMAR_BYTES``) are checked here,
    before anything is compiled.
-2. **On a worker thread** (``asyncio.to_thread``; llguidance drops the GIL while it builds):
-   ``Grammars.compile(spec, tenant) -> Compiled``. One ``Grammars`` per loaded model (it holds
-   the model's ``Vocabulary``). Results, refusals included, are kept in an LRU bounded in
-   entries and keyed by the tuple ``(tenant, kind, text)``, so one tenant's schema is never
-   another's entry. ``Grammars.cached(spec, tenant)`` is the non-blocking lookup the event
-   loop may try first. Whatever llguidance refuses (``Unimplemented keys: ["uniqueItems"]``,
-   ``Unknown format: credit-card``, an unsatisfiable schema, a bad regex, a malformed GBNF) is
-   an ``InvalidInput`` naming the field, with llguidance's text. llguidance's ``lenient`` mode
-   (which ignores what it cannot enforce) is never set, and a schema's own ``x-guidance``
-   options are refused, so a constraint is either enforced or refused, never silently dropped.
-   Compiling also walks the grammar's first ``PROBE_STEPS`` steps, so a grammar that fails at
-   once (a parser row past llguidance's limit, a grammar that never ends or describes no
-   text) is a 400 rather than a failed generation.
+2. **On a worker thread** (llguidance drops the GIL while it builds):
+   ``Grammars.compile(spec, tenant) -> Compiled``, or ``await Grammars.acompile(spec,
+   tenant)`` from the event loop (a hit at once, a miss on ``asyncio.to_thread``). One
+   ``Grammars`` per loaded model (it holds the model's ``Vocabulary``). Results, refusals
+   included, are kept in an LRU bounded in entries and keyed by the tuple
+   ``(tenant, kind, text)``, so one tenant's schema is never another's entry.
+   ``Grammars.cached(spec, tenant)`` is the non-blocking lookup. Whatever llguidance refuses
+   (``Unimplemented keys: ["uniqueItems"]``, ``Unknown format: credit-card``, an
+   unsatisfiable schema, a bad regex, a malformed GBNF) is an ``InvalidInput`` naming the
+   field, with llguidance's text. llguidance's ``lenient`` mode (which ignores what it cannot
+   enforce) is never set, and a schema's own ``x-guidance`` options are refused, so a
+   constraint is either enforced or refused, never silently dropped. Compiling also walks
+   the grammar's first ``PROBE_STEPS`` steps, so a grammar that fails at once (a parser row
+   past llguidance's limit, a grammar that never ends or describes no text) is a 400 rather
+   than a failed generation.
 3. **In the engine, per sequence**: ``Compiled.matcher() -> Matcher`` (a copy of a pristine
    matcher: about a microsecond). Each step: ``matcher.fill(mask)`` writes the allowed tokens
    for the next position (packed int32 words, bit ``i % 32`` of word ``i // 32`` = token ``i``,
@@ -63,6 +65,7 @@ nothing but the standard library.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import threading
@@ -379,6 +382,14 @@ class Grammars:
         if isinstance(result, _Refusal):
             raise result.error(spec) from None
         return result
+
+    async def acompile(self, spec: GrammarSpec, tenant: str | None) -> Compiled:
+        """``compile`` for the event loop: a cache hit answers at once, a miss is built on a
+        worker thread (``asyncio.to_thread``), so the loop never waits for llguidance."""
+        hit = self.cached(spec, tenant)
+        if hit is not None:
+            return hit
+        return await asyncio.to_thread(self.compile, spec, tenant)
 
     def _build(self, spec: GrammarSpec) -> Compiled:
         llg = _llg()

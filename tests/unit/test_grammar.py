@@ -428,6 +428,25 @@ def test_cache_is_per_tenant_and_bounded(vocab: G.Vocabulary) -> None:
     assert grammars.cached(spec, "a") is None and grammars.cached(spec, "b") is other
 
 
+async def test_acompile_builds_off_the_event_loop(vocab: G.Vocabulary,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    grammars = G.Grammars(vocab)
+    built_on: list[int] = []
+    real = grammars._build
+
+    def spy(spec: G.GrammarSpec) -> G.Compiled:
+        built_on.append(threading.get_ident())
+        return real(spec)
+
+    monkeypatch.setattr(grammars, "_build", spy)
+    spec = _rf(SCHEMAS["anyOf"])
+    first = await grammars.acompile(spec, "t")
+    assert await grammars.acompile(spec, "t") is first  # a hit: not built again
+    assert len(built_on) == 1 and built_on[0] != threading.get_ident()
+
+
 def test_matchers_are_independent_and_fill_many_matches_fill(vocab: G.Vocabulary,
                                                              grammars: G.Grammars) -> None:
     compiled = [grammars.compile(_rf(SCHEMAS[n]), "t") for n in SCHEMAS]
