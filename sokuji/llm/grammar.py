@@ -486,7 +486,7 @@ class Matcher:
         return self._after_fill(mask)
 
     def _after_fill(self, row: np.ndarray) -> bool:
-        if self._m.is_error():
+        if self._error is not None or self._m.is_error():
             return False
         if not row.any():
             self._error = self._error or "no token is allowed by the grammar"
@@ -556,7 +556,10 @@ def fill_many(rows: Sequence[tuple[Matcher, int]], masks: np.ndarray) -> list[bo
     global _executor
     if not rows:
         return []
-    words = rows[0][0].vocab.words
+    vocab = rows[0][0].vocab
+    if any(m.vocab is not vocab for m, _ in rows):
+        raise ValueError("fill_many takes the matchers of one vocabulary (one model)")
+    words = vocab.words
     if (masks.dtype != np.int32 or masks.ndim != 2 or masks.shape[1] != words
             or not masks.flags["C_CONTIGUOUS"]):
         raise ValueError(f"masks must be C-contiguous int32 of shape (n, {words})")
