@@ -419,7 +419,7 @@ class ToolCallStream:
         self.fmt, self.new_id = fmt, new_id
         self.state = "text"  # text | head | args | tail
         self.buf = ""
-        self.pending_ws = ""
+        self.pending_ws = self._ws_before = ""
         self.content: list[str] = []
         self.calls: list[dict[str, Any]] = []
         self._args: list[str] = []
@@ -446,7 +446,7 @@ class ToolCallStream:
         return out
 
     def _head_start(self) -> None:
-        self.pending_ws = ""
+        self._ws_before, self.pending_ws = self.pending_ws, ""  # back if it is no call
         self.state = "head"
 
     def _args_delta(self, out: list[dict[str, Any]], frag: str) -> None:
@@ -500,7 +500,7 @@ class ToolCallStream:
             self._args_delta(out, args if isinstance(args, str)
                              else json.dumps(args, ensure_ascii=False))
         else:
-            self._text(out, self.fmt.open + body + self.fmt.close)
+            self._text(out, self._ws_before + self.fmt.open + body + self.fmt.close)
 
     def _step_args(self, out: list[dict[str, Any]]) -> None:
         i, n, buf = 0, len(self.buf), self.buf
@@ -572,7 +572,7 @@ class ToolCallStream:
                 self.content.append(rest)
                 out.append({"content": rest})
         elif self.state == "head":  # a block that never became a call: cut short
-            self._text(out, self.fmt.open + self.buf)
+            self._text(out, self._ws_before + self.fmt.open + self.buf)
             if self.pending_ws and not self.calls:
                 self.content.append(self.pending_ws)
                 out.append({"content": self.pending_ws})
