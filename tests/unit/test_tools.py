@@ -446,3 +446,30 @@ def test_a_template_with_its_own_tools() -> None:
     # arguments reach the template as an object, as Hugging Face templates expect
     assert '<tool_call>get_weather{"city": "Paris", "unit": "celsius"}</tool_call>' in text
     assert '[tool]{"temp": 21}(call_1)' in text
+
+
+def test_a_schema_with_refs_patterns_and_odd_text(vocab: Any) -> None:
+    """draft-07 ``$schema``, ``definitions`` + ``$ref``, a pattern with '/', a description with
+    braces, quotes, '%json' and a newline: the grammar compiles and every walk validates."""
+    import jsonschema
+    import llguidance
+
+    tok, _ = vocab
+    schema = {"$schema": "http://json-schema.org/draft-07/schema#", "type": "object",
+              "description": 'a } " / %json é \n x',
+              "properties": {"p": {"type": "string", "pattern": "^[a-z/]{1,4}$"},
+                             "r": {"$ref": "#/definitions/n"}},
+              "required": ["p", "r"], "additionalProperties": False,
+              "definitions": {"n": {"type": "integer", "minimum": 0, "maximum": 5}}}
+    spec = parse_tools({"tools": [_fn("t-1_x", parameters=schema)], "tool_choice": "required"})
+    grammar = tool_grammar(spec)
+    assert grammar is not None
+    check_grammar(grammar, tok)
+    compiled = llguidance.LLMatcher.grammar_from_lark(grammar)
+    rng = random.Random(7)
+    for _ in range(12):
+        text, finished = _walk(tok, llguidance.LLMatcher(tok, compiled, log_level=0), rng, [])
+        assert finished
+        (call,) = parse_tool_calls(text).tool_calls
+        assert call["function"]["name"] == "t-1_x"
+        jsonschema.validate(json.loads(call["function"]["arguments"]), schema)
