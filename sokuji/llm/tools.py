@@ -109,6 +109,8 @@ def _check_schema(schema: Any, where: str) -> dict[str, Any]:
     if schema.get("type", "object") != "object":
         raise _bad(f"'{where}' must describe an object (type 'object'), got type "
                    f"{schema.get('type')!r}", where)
+    if not isinstance(schema.get("$schema", ""), str):
+        raise _bad(f"'{where}.$schema' must be a string (a meta-schema's URI)", where)
     if _depth(schema, MAX_SCHEMA_DEPTH) > MAX_SCHEMA_DEPTH:
         raise _bad(f"'{where}' nests deeper than {MAX_SCHEMA_DEPTH} levels", where)
     import jsonschema

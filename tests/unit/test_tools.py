@@ -68,6 +68,8 @@ def _fn(name: str = "f", **kw: Any) -> dict[str, Any]:
     ({"tools": [_fn(parameters={"type": "string"})]}, "tools[0].function.parameters"),
     ({"tools": [_fn(parameters={"type": "object", "properties": {"a": {"type": "nope"}}})]},
      "tools[0].function.parameters"),
+    ({"tools": [_fn(parameters={"type": "object", "$schema": 5})]},
+     "tools[0].function.parameters"),
     ({"tools": [_fn(parameters={"type": "object", "required": "a"})]},
      "tools[0].function.parameters"),
     ({"tools": [_fn(parameters={"type": "object", "properties": {"a": {"minLength": -1}}})]},
@@ -475,3 +477,14 @@ def test_a_schema_with_refs_patterns_and_odd_text(vocab: Any) -> None:
         for call in calls:
             assert call["function"]["name"] == "t-1_x"
             jsonschema.validate(json.loads(call["function"]["arguments"]), schema)
+
+
+def test_a_bad_regex_is_400_at_compile(vocab: Any) -> None:
+    tok, _ = vocab
+    spec = parse_tools({"tools": [_fn(parameters={
+        "type": "object", "properties": {"a": {"type": "string", "pattern": "["}}})]})
+    grammar = tool_grammar(spec)
+    assert grammar is not None
+    with pytest.raises(InvalidInput) as e:
+        check_grammar(grammar, tok)
+    assert e.value.param == "tools"
