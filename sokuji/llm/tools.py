@@ -412,7 +412,8 @@ class ToolCallStream:
     carries ``index``, ``id``, ``type: "function"``, ``function.name`` and ``arguments: ""``, the
     next ones ``index`` and ``function.arguments`` fragments. The wrapper markup never reaches
     ``content``: text that may be the start of ``<tool_call>`` is held back until it is not,
-    whitespace before and between calls is dropped. A block that turns out not to be a call
+    whitespace before and between calls is dropped, and a block cut short before its name is
+    complete (``max_tokens``) is dropped. A closed block that turns out not to be a call
     (possible only without the grammar) is given back as content, markup included.
     ``result()`` is the whole answer (``parse_tool_calls`` is feed + finish + result)."""
 
@@ -573,11 +574,7 @@ class ToolCallStream:
                 self.pending_ws = ""
                 self.content.append(rest)
                 out.append({"content": rest})
-        elif self.state == "head":  # a block that never became a call: cut short
-            self._text(out, self._ws_before + self.fmt.open + self.buf)
-            if self.pending_ws and not self.calls:
-                self.content.append(self.pending_ws)
-                out.append({"content": self.pending_ws})
+        # state "head": a call cut short before its name (max_tokens): dropped, not content
         self.buf = self.pending_ws = ""
         self.state = "text"
         return out
