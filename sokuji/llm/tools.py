@@ -425,7 +425,6 @@ class ToolCallStream:
         self.pending_ws = self._ws_before = ""
         self.content: list[str] = []
         self.calls: list[dict[str, Any]] = []
-        self._args: list[str] = []
         self._depth = 0
         self._in_str = self._esc = self._started = self._scalar = False
 
