@@ -55,12 +55,16 @@ def direct() -> Any:
 def reference(llm: Any, prompt: str, n: int) -> list[tuple[int, np.ndarray]]:
     """Greedy tokens decoded one at a time by llama.cpp directly, each with the float64
     log-softmax of the logits it was chosen from."""
+    import llama_cpp
+
     llm.reset()
     tokens = llm.tokenize(prompt.encode(), add_bos=True, special=True)
     llm.eval(tokens)
     out = []
     for _ in range(n):
-        logits = np.asarray(llm.scores[llm.n_tokens - 1], dtype=np.float64)
+        ptr = llama_cpp.llama_get_logits_ith(llm.ctx, -1)  # (``scores`` stays 0 without
+        logits = np.ctypeslib.as_array(ptr, shape=(llm.n_vocab(),)).astype(np.float64)
+        # logits_all)
         lp = logits - logits.max()
         lp -= math.log(np.exp(lp).sum())
         token = int(np.argmax(logits))
@@ -185,9 +189,23 @@ def test_penalties_change_a_repetitive_greedy_text(client: openai.OpenAI) -> Non
     plain = run()
     assert plain.count(",") >= 5
     assert run(frequency_penalty=2.0).count(",") < plain.count(",")
-    assert run(presence_penalty=2.0) != plain
     assert run(extra_body={"repetition_penalty": 2.0}) != plain
     assert run(extra_body={"top_k": 1, "min_p": 0.5}) == plain  # greedy either way
+
+    def logprobs(**extra: Any) -> Any:
+        got = client.completions.create(model="smollm2", prompt=prompt, max_tokens=12,
+                                        temperature=0, logprobs=0, **extra)
+        return got.choices[0].logprobs
+
+    # A presence penalty of 2 keeps this text (each comma still wins) but lowers a comma's
+    # log-probability once one was generated, and only then (not for the prompt's commas).
+    a, b = logprobs(), logprobs(presence_penalty=2.0)
+    assert a.tokens == b.tokens
+    first = a.tokens.index(",")
+    # (the first comma is not penalised; the tokens generated before it are, so it gains)
+    assert b.token_logprobs[first] >= a.token_logprobs[first] - 1e-5
+    later = [i for i, t in enumerate(a.tokens) if t == "," and i > first]
+    assert later and all(b.token_logprobs[i] < a.token_logprobs[i] - 1e-3 for i in later)
 
 
 @pytest.mark.parametrize(("chat", "kwargs", "param"), [
