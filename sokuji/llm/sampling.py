@@ -43,8 +43,10 @@ MAX_TOP_LOGPROBS = 20
 """OpenAI's bound on ``top_logprobs`` (and on the legacy completions ``logprobs``)."""
 LOGIT_BIAS_BOUND = 100.0
 _NUCLEUS_FIRST = 256
-"""top_p looks at this many most likely tokens first, and sorts the whole row only when
-their mass falls short of top_p."""
+"""top_p sorts this many most likely tokens first, four times more while their mass falls
+short of top_p (``_nucleus``)."""
+
+_MASK_ADD = np.array([-np.inf, 0.0], dtype=np.float32)
 
 
 @dataclass(frozen=True)
@@ -138,7 +140,7 @@ class TokenSampler:
         if allowed is not None:
             bits = np.unpackbits(np.ascontiguousarray(allowed, dtype=np.int32).view(np.uint8),
                                  bitorder="little", count=self.vocab_size)
-            x[bits == 0] = -np.inf
+            x += _MASK_ADD.take(bits)  # (-inf where 0: 5x faster than a boolean index)
         if banned is not None and len(banned):
             x[banned] = -np.inf
         return x
@@ -156,7 +158,7 @@ class TokenSampler:
         top: tuple[tuple[int, float], ...] = ()
         if n > 0:
             k = min(n, len(x))
-            ids = np.argpartition(-x, k - 1)[:k]
+            ids = np.argpartition(x, len(x) - k)[len(x) - k:]
             ids = ids[np.lexsort((ids, -x[ids]))]
             top = tuple((int(t), float(x[t]) - lse) for t in ids)
         return Sampled(token, float(x[token]) - lse, top)
@@ -169,7 +171,7 @@ class TokenSampler:
         if len(ids) == 1:
             self.rng.random()  # one draw a token, whatever is left
             return int(ids[0])
-        cum = np.cumsum(keep)
+        cum = np.cumsum(keep, dtype=np.float64)
         u = self.rng.random() * cum[-1]
         i = int(np.searchsorted(cum, u, side="right"))
         return int(ids[min(i, len(ids) - 1)])
@@ -188,35 +190,46 @@ def log_sum_exp(x: np.ndarray) -> float:
 def truncate(z: np.ndarray, top_k: int, top_p: float, min_p: float
              ) -> tuple[np.ndarray, np.ndarray]:
     """The tokens left after top_k, top_p and min_p over the tempered logits ``z``, and
-    their unnormalised probabilities (float64), most likely first where a truncation
-    ordered them (all of the row in token order otherwise)."""
+    their unnormalised probabilities (float32), most likely first where top_p ordered them
+    (in token order otherwise)."""
     m = float(z.max())
     if not math.isfinite(m):  # everything masked: the argmax (token 0) is all there is
-        return np.asarray([int(z.argmax())]), np.ones(1)
+        return np.asarray([int(z.argmax())]), np.ones(1, dtype=np.float32)
     n = len(z)
-    ids = np.argpartition(-z, top_k - 1)[:top_k] if 0 < top_k < n else np.arange(n)
-    p = np.exp((z[ids] - np.float32(m)).astype(np.float64))
-    if top_p < 1.0:
-        ids, p = _nucleus(ids, p, top_p)
-    if min_p > 0.0:
-        keep = p >= min_p * p.max()
-        ids, p = ids[keep], p[keep]
-    return ids, p
-
-
-def _nucleus(ids: np.ndarray, p: np.ndarray, top_p: float) -> tuple[np.ndarray, np.ndarray]:
-    """The smallest most-likely prefix of ``ids`` whose mass reaches top_p of the whole."""
-    total = p.sum()
-    need = top_p * total
-    first = min(_NUCLEUS_FIRST, len(ids))
-    if first < len(ids):
-        part = np.argpartition(-p, first - 1)[:first]
-        if p[part].sum() < need:  # the head falls short: sort everything
-            part = np.arange(len(ids))
+    ids: np.ndarray | None = None  # None: every token, in order
+    if 0 < top_k < n:
+        ids = np.sort(np.argpartition(z, n - top_k)[n - top_k:])
+        p = np.exp(z[ids] - np.float32(m))
     else:
-        part = np.arange(len(ids))
-    order = part[np.lexsort((ids[part], -p[part]))]
-    cum = np.cumsum(p[order])
+        p = np.exp(z - np.float32(m))
+    if top_p < 1.0:
+        at = _nucleus(p, top_p)
+        ids, p = (at if ids is None else ids[at]), p[at]
+    if min_p > 0.0:
+        at = np.flatnonzero(p >= np.float32(min_p) * p.max())
+        ids, p = (at if ids is None else ids[at]), p[at]
+    return (np.arange(n) if ids is None else ids), p
+
+
+def _nucleus(p: np.ndarray, top_p: float) -> np.ndarray:
+    """The positions in ``p`` of the smallest most-likely set whose mass reaches top_p of
+    the whole, most likely first, ties broken by position (token order). Only a head is
+    sorted: the positions at or above the ``size``-th largest probability (ties included
+    whole, so the order is exact), ``size`` growing fourfold from ``_NUCLEUS_FIRST`` until
+    the head holds the mass (one O(n) partition a try; a model's peaked row needs one)."""
+    need = top_p * float(p.sum(dtype=np.float64))
+    n = len(p)
+    size = _NUCLEUS_FIRST
+    while True:
+        if size >= n:
+            part = np.arange(n)
+            break
+        floor = np.partition(p, n - size)[n - size]
+        part = np.flatnonzero(p >= floor)  # (ascending: token order)
+        if float(p[part].sum(dtype=np.float64)) >= need:
+            break
+        size *= 4
+    order = part[np.argsort(-p[part], kind="stable")]
+    cum = np.cumsum(p[order], dtype=np.float64)
     cut = int(np.searchsorted(cum, need, side="left")) + 1
-    order = order[:min(cut, len(order))]
-    return ids[order], p[order]
+    return order[:min(cut, len(order))]
