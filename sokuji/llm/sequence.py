@@ -5,7 +5,7 @@ stop strings, ``min_tokens``, ``max_tokens``). Used by the engine thread only.
 Log-probabilities (``logprobs``) line up with the text released: a token's entry goes out
 in the ``Delta`` whose text reaches the end of that token's characters (so text held back,
 a partial UTF-8 character or a possible stop string, holds its tokens' entries too; a token
-whose bytes complete no character yet goes out with the text released so far). When a stop
+whose bytes complete no character yet goes out with the token that completes it). When a stop
 string ends the sequence, the tokens whose text begins before the cut are reported (the
 last may reach into the stop string) and the ones wholly inside it are not, as their text
 is not. An end-of-generation token is never reported (it is no text).
@@ -127,10 +127,13 @@ class Sequence:
         elif self.assembler.stopped:  # the ones that begin before the cut
             n = sum(1 for start, _, _ in held if start < sent)
             held[n:] = []
-        else:
+        else:  # through the last whose text is out (one with no character yet waits)
             n = 0
-            while n < len(held) and held[n][1] <= sent:
-                n += 1
+            for i, (start, end, _) in enumerate(held):
+                if end > sent:
+                    break
+                if end > start:
+                    n = i + 1
         out = tuple(entry for _, _, entry in held[:n])
         del held[:n]
         return out

@@ -224,3 +224,97 @@ def test_one_draw_a_token_whatever_the_truncation_leaves() -> None:
     a.sample(x)
     b.sample(one)
     assert [a.sample(x).token for _ in range(20)] == [b.sample(x).token for _ in range(20)]
+
+
+# -- logprobs beside the text (sequence.py) and in OpenAI's formats (llm_codec) ------------
+def emitted(pieces: list[bytes], stop: tuple[str, ...] = ()) -> list[tuple[str, list[str]]]:
+    """Each Delta a Sequence pushes for ``pieces``: (text, the tokens whose logprobs ride
+    on it), the final flush included."""
+    import asyncio
+
+    from sokuji.core.events import Delta
+    from sokuji.llm.request import GenerationRequest, SamplingParams
+    from sokuji.llm.sampling import Sampled
+    from sokuji.llm.sequence import Sequence
+
+    loop = asyncio.new_event_loop()
+    pushed: list[Delta] = []
+    try:
+        req = GenerationRequest("m", [1], SamplingParams(max_tokens=50, temperature=0,
+                                                         logprobs=1, stop=stop),
+                                loop, arrival_ns=0)
+        req.push = pushed.append  # type: ignore[method-assign,assignment]
+        seq = Sequence(req, 0, V)
+        for i, piece in enumerate(pieces):
+            if seq.emit(i, piece, Sampled(i, -0.5, ((i, -0.5),)), lambda t: pieces[t]):
+                break
+        tail = seq.flush()
+        if tail is not None:
+            pushed.append(tail)
+    finally:
+        loop.close()
+    return [(d.text, [e.token for e in d.logprobs]) for d in pushed]
+
+
+def test_logprobs_ride_with_the_text_they_end() -> None:
+    """A partial UTF-8 character: its first token's entry waits for the token that completes
+    it. Catches: entries sent before their text, or lost at the flush."""
+    e_acute = "é".encode()
+    got = emitted([b"a", e_acute[:1], e_acute[1:], b"b"])
+    assert "".join(t for t, _ in got) == "aéb"
+    assert [tok for _, toks in got for tok in toks] == ["a", "\ufffd", "\ufffd", "b"]
+    assert got == [("a", ["a"]), ("é", ["\ufffd", "\ufffd"]), ("b", ["b"])]
+
+
+def test_logprobs_of_tokens_inside_a_stop_string_are_not_sent() -> None:
+    """Held text (a possible stop) holds its tokens; the tokens wholly inside the stop
+    string that ended the sequence are dropped with their text."""
+    got = emitted([b"Hello", b" wor", b"ld", b"!"], stop=("world",))
+    assert "".join(t for t, _ in got) == "Hello "
+    assert [tok for _, toks in got for tok in toks] == ["Hello", " wor"]
+    got = emitted([b"Hi", b" w", b"x"], stop=("wo",))  # held " w" was not a stop after all
+    assert got == [("Hi", ["Hi"]), (" ", []), ("wx", [" w", "x"])]
+
+
+def test_the_codec_writes_openai_logprob_formats() -> None:
+    from sokuji.core.events import TokenLogprob
+    from sokuji.llm.request import Timing
+    from sokuji.server import llm_codec
+
+    entries = [TokenLogprob("Hi", b"Hi", -0.25, 0, (("Hi", b"Hi", -0.25), ("Yo", b"Yo", -2.0))),
+               TokenLogprob("!", b"!", -float("inf"), 2, ())]
+    chat = llm_codec.decode(b'{"model": "m", "messages": [{"role": "user", "content": "x"}],'
+                            b' "logprobs": true, "top_logprobs": 2}', chat=True)
+    assert chat.logprobs == 2
+    doc = llm_codec.Encoder(chat, "m", Timing(0)).logprobs_doc(entries)
+    assert doc == {"refusal": None, "content": [
+        {"token": "Hi", "logprob": -0.25, "bytes": [72, 105], "top_logprobs": [
+            {"token": "Hi", "logprob": -0.25, "bytes": [72, 105]},
+            {"token": "Yo", "logprob": -2.0, "bytes": [89, 111]}]},
+        {"token": "!", "logprob": -9999.0, "bytes": [33], "top_logprobs": []}]}
+    text = llm_codec.decode(b'{"model": "m", "prompt": "x", "logprobs": 1}', chat=False)
+    doc = llm_codec.Encoder(text, "m", Timing(0)).logprobs_doc(entries)
+    assert doc == {"tokens": ["Hi", "!"], "token_logprobs": [-0.25, -9999.0],
+                   "top_logprobs": [{"Hi": -0.25, "Yo": -2.0}, {"!": -9999.0}],
+                   "text_offset": [0, 2]}
+    plain = llm_codec.decode(b'{"model": "m", "prompt": "x"}', chat=False)
+    assert plain.logprobs is None
+    assert llm_codec.Encoder(plain, "m", Timing(0)).logprobs_doc(entries) is None
+
+
+def test_logit_bias_ids_are_checked_against_the_vocabulary() -> None:
+    """The codec cannot know the vocabulary; the model's prompt rules refuse an id past it
+    (400 naming logit_bias)."""
+    from types import SimpleNamespace
+
+    from sokuji.errors import InvalidInput
+    from sokuji.llm.prompt import PromptBuilder
+
+    model = SimpleNamespace(n_vocab=100, max_piece_bytes=8, lossless=True)
+    limits = SimpleNamespace(context_size=64, max_new_tokens=32, prompt_limit=63)
+    b = PromptBuilder("m", model, None, limits)  # type: ignore[arg-type]
+    assert b.sampling(3, chat=False, max_tokens=4, logit_bias=((99, 1.0),)).logit_bias == \
+        ((99, 1.0),)
+    with pytest.raises(InvalidInput) as exc:
+        b.sampling(3, chat=False, max_tokens=4, logit_bias=((100, 1.0),))
+    assert exc.value.param == "logit_bias"
