@@ -318,3 +318,24 @@ def test_logit_bias_ids_are_checked_against_the_vocabulary() -> None:
     with pytest.raises(InvalidInput) as exc:
         b.sampling(3, chat=False, max_tokens=4, logit_bias=((100, 1.0),))
     assert exc.value.param == "logit_bias"
+
+
+def test_an_upstream_gets_the_sampling_fields_and_logprobs_are_refused() -> None:
+    """The relay carries text only: logprobs would come back null, so they are a 400; the
+    rest is forwarded as the client sent it."""
+    import orjson
+
+    from sokuji.errors import InvalidInput
+    from sokuji.routing.upstream_codec import completion_request
+    from sokuji.server import llm_codec
+
+    req = llm_codec.decode(b'{"model": "m", "prompt": "x", "presence_penalty": 0.5, '
+                           b'"logit_bias": {"12": -3}, "top_k": 5}', chat=False)
+    _, body = completion_request(req, "up")
+    doc = orjson.loads(body)
+    assert (doc["presence_penalty"], doc["logit_bias"], doc["top_k"]) == (0.5, {"12": -3.0}, 5)
+    assert "frequency_penalty" not in doc
+    req = llm_codec.decode(b'{"model": "m", "prompt": "x", "logprobs": 2}', chat=False)
+    with pytest.raises(InvalidInput) as exc:
+        completion_request(req, "up")
+    assert exc.value.param == "logprobs"
