@@ -19,10 +19,27 @@ from sokuji.errors import SokujiError
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """One generated token's log-probability (``logprobs``), and its most likely
+    alternatives' (``top_logprobs``): (text, bytes, log-probability) each."""
+
+    token: str
+    raw: bytes
+    """Its bytes (a token may hold part of a character)."""
+    logprob: float
+    offset: int
+    """Where its text begins in the generated text (characters)."""
+    top: tuple[tuple[str, bytes, float], ...] = ()
+
+
+@dataclass(frozen=True)
 class Delta:
     text: str
     tokens: int
     """Generated tokens so far."""
+    logprobs: tuple[TokenLogprob, ...] = ()
+    """The log-probabilities of the tokens whose text this delta ends (asked for with
+    ``logprobs``; ``llm/sequence.py`` says how they line up with the text)."""
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -208,6 +208,25 @@ class GenerationInput:
     top_p: float
     stop: tuple[str, ...]
     seed: int | None
+    top_k: int = field(default=0, kw_only=True)
+    min_p: float = field(default=0.0, kw_only=True)
+    presence_penalty: float = field(default=0.0, kw_only=True)
+    frequency_penalty: float = field(default=0.0, kw_only=True)
+    repetition_penalty: float = field(default=1.0, kw_only=True)
+    logit_bias: tuple[tuple[int, float], ...] = field(default=(), kw_only=True)
+    """(token id, bias) pairs, ids checked against the model's vocabulary by the model."""
+    logprobs: int | None = field(default=None, kw_only=True)
+    """None: no log-probabilities; n: the chosen token's and n alternatives'."""
+
+    def extended_sampling(self) -> str | None:
+        """The first of the sampling fields beyond temperature / top_p / seed that this
+        request sets (a generator that cannot honour them refuses it by name), or None."""
+        for key, default in (("logprobs", None), ("logit_bias", ()), ("top_k", 0),
+                             ("min_p", 0.0), ("presence_penalty", 0.0),
+                             ("frequency_penalty", 0.0), ("repetition_penalty", 1.0)):
+            if getattr(self, key) != default:
+                return key
+        return None
 
 
 class Submission(Protocol):

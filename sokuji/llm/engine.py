@@ -8,9 +8,11 @@ One engine thread owns the context. Each step builds one ``llama_batch``:
    long. A new request therefore joins between decode steps instead of waiting for the
    others to finish;
 
-then one ``llama_decode``, then a sample for every sequence whose row has logits (with its
-end-of-generation logits masked to -inf first while ``ignore_eos`` or ``min_tokens`` says the
-sequence may not end yet; one integer comparison for requests without them). A sequence
+then one ``llama_decode``, then a sample for every sequence whose row has logits, by its own
+sampler (``sampling.py``: bias, penalties, its end-of-generation tokens banned while
+``ignore_eos`` or ``min_tokens`` says the sequence may not end yet -- one integer comparison
+for requests without them --, then argmax or a seeded draw), which counts every token it
+gives for the penalties before the next row of the same sequence is sampled. A sequence
 that finishes (end of generation, ``max_tokens``, a stop string, cancellation) frees its slot
 and its KV cells at once, and the best waiting request takes the slot in the same step.
 
@@ -43,7 +45,8 @@ from sokuji.errors import ModelNotReady, RuntimeFailed, SokujiError
 from sokuji.llm.native import LlamaModel
 from sokuji.llm.options import LlamaOptions
 from sokuji.llm.prefix_cache import PrefixCache
-from sokuji.llm.request import Delta, Finish, GenerationRequest, now_ns
+from sokuji.llm.request import Finish, GenerationRequest, now_ns
+from sokuji.llm.sampling import Sampled
 from sokuji.llm.sequence import ATTN_TILE, Sequence
 from sokuji.llm.speculative import SpecConfig, Speculator
 from sokuji.llm.step_cost import StepCosts
@@ -232,7 +235,7 @@ class GenerationEngine:
             req = self.queue.pop_best(now)
             slot = min(self._free)
             self._free.remove(slot)
-            seq = Sequence(req, slot)
+            seq = Sequence(req, slot, self.model.n_vocab)
             req.timing.admitted_ns = now_ns()
             cache = self.prefix_cache
             if cache.max_bytes > 0:
@@ -348,14 +351,17 @@ class GenerationEngine:
         timing.steps += 1
         timing.drafted_tokens += len(draft)
         accepted = 0
+        sampler = seq.sampler
         for i in range(len(draft) + 1):
-            if seq.generated < seq.eog_banned_below:
-                self.model.ban_eog(index + i)
-            token = seq.sampler.sample(self.model, index + i)
+            banned = self.model.eog_ids if seq.generated < seq.eog_banned_below else None
+            sampled = sampler.sample(self.model.logits(index + i), None, banned)
+            token = sampled.token
+            if not sampler.plain:
+                sampler.accept(token)
             agreed = i < len(draft) and token == draft[i]
             accepted += agreed
             timing.accepted_tokens += agreed
-            if not self._take_token(seq, token) or not agreed:
+            if not self._take_token(seq, token, sampled) or not agreed:
                 break
         if not draft or self.spec is None or seq.spec is None:
             return
@@ -387,14 +393,17 @@ class GenerationEngine:
                                 self.model.save_state(seq.slot))
         seq.store_prefix = False
 
-    def _take_token(self, seq: Sequence, token: int) -> bool:
+    def _take_token(self, seq: Sequence, token: int, sampled: Sampled | None = None) -> bool:
         """Emit ``token``; False if it ended the sequence."""
         timing, t = seq.req.timing, now_ns()
         if not timing.first_token_ns:
             timing.first_token_ns = t
         timing.token_ns.append(t)
         # (an end of generation is never sampled while banned: its logit was -inf)
-        reason = "stop" if self.model.is_eog(token) else seq.emit(token, self.model.piece(token))
+        if self.model.is_eog(token):
+            reason: str | None = "stop"
+        else:
+            reason = seq.emit(token, self.model.piece(token), sampled, self.model.piece)
         if reason is None:
             return True
         self._finish(seq, reason)
@@ -403,9 +412,9 @@ class GenerationEngine:
     def _finish(self, seq: Sequence, reason: str, error: SokujiError | None = None) -> None:
         req = seq.req
         if reason in ("stop", "length"):
-            tail = seq.assembler.flush()
-            if tail:
-                req.push(Delta(tail, seq.generated))
+            tail = seq.flush()
+            if tail is not None:
+                req.push(tail)
         req.timing.end_ns = now_ns()
         if reason in ("stop", "length") and req.timing.admitted_ns:
             self.drain.observe(1, (req.timing.end_ns - req.timing.admitted_ns) / 1e9)

@@ -109,7 +109,11 @@ class GeneratorModel(ModelBase):
             len(prompt), chat=inputs.chat, max_tokens=inputs.max_tokens,
             max_tokens_field=inputs.max_tokens_field, min_tokens=inputs.min_tokens,
             ignore_eos=inputs.ignore_eos, temperature=inputs.temperature, top_p=inputs.top_p,
-            seed=inputs.seed, stop=inputs.stop)
+            seed=inputs.seed, stop=inputs.stop, top_k=inputs.top_k, min_p=inputs.min_p,
+            presence_penalty=inputs.presence_penalty,
+            frequency_penalty=inputs.frequency_penalty,
+            repetition_penalty=inputs.repetition_penalty, logit_bias=inputs.logit_bias,
+            logprobs=inputs.logprobs)
         return PreparedGeneration(prompt, params)
 
     def submit(self, prepared: PreparedGeneration, ctx: RequestContext,

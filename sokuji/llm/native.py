@@ -230,13 +230,6 @@ class LlamaModel:
         ptr = _llama().llama_get_logits_ith(self.ctx, index)
         return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
 
-    def ban_eog(self, index: int) -> None:
-        """Mask the end-of-generation tokens out of batch row ``index``'s logits, in place,
-        before it is sampled: greedy takes the argmax of the others, and llama.cpp's
-        sampler chain reads the same buffer (llama.cpp's server does ``ignore_eos`` so)."""
-        if len(self.eog_ids):
-            self.logits(index)[self.eog_ids] = -np.inf
-
     def close(self) -> None:
         L = _llama()
         if getattr(self, "batch", None) is not None:
@@ -249,30 +242,3 @@ class LlamaModel:
             L.llama_model_free(self.model)
             self.model = None
 
-
-class Sampler:
-    """Greedy (temperature 0) by argmax in numpy; otherwise llama.cpp's chain
-    top-p -> temperature -> seeded draw, over the logits of one batch row."""
-
-    def __init__(self, temperature: float, top_p: float, seed: int | None) -> None:
-        self.greedy = temperature <= 0.0
-        self.chain: Any = None
-        if not self.greedy:
-            L = _llama()
-            self.chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
-            if top_p < 1.0:
-                L.llama_sampler_chain_add(self.chain, L.llama_sampler_init_top_p(top_p, 1))
-            L.llama_sampler_chain_add(self.chain, L.llama_sampler_init_temp(temperature))
-            draw_seed = seed if seed is not None else int.from_bytes(os.urandom(4), "little")
-            L.llama_sampler_chain_add(self.chain, L.llama_sampler_init_dist(
-                draw_seed & 0xFFFFFFFF))
-
-    def sample(self, model: LlamaModel, index: int) -> int:
-        if self.greedy:
-            return int(model.logits(index).argmax())
-        return int(_llama().llama_sampler_sample(self.chain, model.ctx, index))
-
-    def close(self) -> None:
-        if self.chain is not None:
-            _llama().llama_sampler_free(self.chain)
-            self.chain = None

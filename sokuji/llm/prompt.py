@@ -142,9 +142,20 @@ class PromptBuilder:
     def sampling(self, n_prompt: int, *, chat: bool, max_tokens: int | None,
                  max_tokens_field: str = "max_tokens", min_tokens: int = 0,
                  ignore_eos: bool = False, temperature: float = 1.0, top_p: float = 1.0,
-                 seed: int | None = None, stop: tuple[str, ...] = ()) -> SamplingParams:
+                 seed: int | None = None, stop: tuple[str, ...] = (), top_k: int = 0,
+                 min_p: float = 0.0, presence_penalty: float = 0.0,
+                 frequency_penalty: float = 0.0, repetition_penalty: float = 1.0,
+                 logit_bias: tuple[tuple[int, float], ...] = (),
+                 logprobs: int | None = None) -> SamplingParams:
         """``max_tokens`` (None: as many as fit) and ``min_tokens`` checked against the
-        model's limits and the context left after a prompt of ``n_prompt`` tokens."""
+        model's limits and the context left after a prompt of ``n_prompt`` tokens; the
+        token ids of ``logit_bias`` against the vocabulary (the codec checked the rest)."""
+        vocab = self.model.n_vocab
+        bad = next((t for t, _ in logit_bias if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise InvalidInput(f"'logit_bias' names token id {bad}, outside model "
+                               f"'{self.name}''s vocabulary (0..{vocab - 1})",
+                               param="logit_bias")
         what = "messages" if chat else "prompt"
         limits = self.limits
         if max_tokens is not None and max_tokens > limits.max_new_tokens:
@@ -164,4 +175,8 @@ class PromptBuilder:
             raise InvalidInput(f"min_tokens {min_tokens} exceeds {where}", param="min_tokens")
         return SamplingParams(max_tokens=effective, temperature=temperature, top_p=top_p,
                               seed=seed, stop=stop, min_tokens=min_tokens,
-                              ignore_eos=ignore_eos)
+                              ignore_eos=ignore_eos, top_k=top_k, min_p=min_p,
+                              presence_penalty=presence_penalty,
+                              frequency_penalty=frequency_penalty,
+                              repetition_penalty=repetition_penalty, logit_bias=logit_bias,
+                              logprobs=logprobs)

@@ -16,6 +16,7 @@ from sokuji.core.events import Delta, Event, EventQueue, Finish
 from sokuji.core.limits import Limit
 from sokuji.core.model import Report
 from sokuji.core.request import Priority
+from sokuji.llm.sampling import SamplingConfig
 
 # Delta and Finish live with the event stream (core/events.py); named here too for the
 # modules that take them with the rest of a generation.
@@ -58,6 +59,24 @@ class SamplingParams:
     ignore_eos: bool = False
     """End-of-generation tokens are masked out for the whole generation: it runs to
     ``max_tokens`` unless a stop string ends it (vLLM's and llama.cpp's ``ignore_eos``)."""
+    top_k: int = 0
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    logprobs: int | None = None
+    """None: none reported; n: each token's and its n most likely alternatives'
+    (``llm/sampling.py`` says which log-probabilities these are)."""
+
+    @property
+    def sampling(self) -> SamplingConfig:
+        return SamplingConfig(
+            temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+            min_p=self.min_p, presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            repetition_penalty=self.repetition_penalty, logit_bias=self.logit_bias,
+            seed=self.seed, logprobs=self.logprobs)
 
     @property
     def eog_banned_below(self) -> int:

@@ -20,8 +20,11 @@ token for token (llama.cpp's logits for a token are the same whether it is decod
 in a multi-token batch: measured bit-equal here, and tested end to end); the rejected
 drafts' KV cells are removed.
 
-**Only greedy sequences speculate.** A sampled sequence (temperature > 0) draws from
-llama.cpp's seeded sampler chain one token per step. Exact speculative sampling (accept a
+**Only greedy sequences speculate** (temperature 0; with penalties, ``logit_bias`` or a
+grammar's mask too: the engine samples the rows of a step in order and counts each accepted
+token before the next, so a draft is kept exactly where it is the token the sequence's
+sampler picks given the ones before). A sampled sequence (temperature > 0) draws from its
+seeded generator (``sampling.py``) one token per step. Exact speculative sampling (accept a
 draft with probability p/q) would give the same distribution but other draws for the same
 seed, and whether a step drafts depends on measured timings, so a seeded request would no
 longer repeat. Sampled sequences therefore decode as before.

@@ -250,6 +250,13 @@ class SpanSink:
                 value = getattr(request, key, None)
                 if value is not None:
                     attrs[attr] = value
+            for key, attr, default in (  # (OpenTelemetry's names; set only when asked)
+                    ("top_k", "gen_ai.request.top_k", 0),
+                    ("presence_penalty", "gen_ai.request.presence_penalty", 0.0),
+                    ("frequency_penalty", "gen_ai.request.frequency_penalty", 0.0)):
+                value = getattr(request, key, default)
+                if value != default:
+                    attrs[attr] = value
             attrs["sokuji.stream"] = bool(getattr(request, "stream", False))
         if finish is not None:
             attrs["gen_ai.usage.output_tokens"] = finish.completion_tokens

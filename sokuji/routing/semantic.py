@@ -113,8 +113,8 @@ class SemanticLayer:
     # -- generations -------------------------------------------------------------------
     def generation_key(self, req: Any, ctx: RequestContext) -> tuple[tuple[str, ...], str] | None:
         """(scope, text) of a deterministic request; None when it may not be cached."""
-        if req.temperature > 0 and req.seed is None:
-            return None
+        if (req.temperature > 0 and req.seed is None) or req.logprobs is not None:
+            return None  # (a cached answer has no log-probabilities)
         if req.messages is not None:
             if not req.messages or req.messages[-1].get("role") != "user":
                 return None
@@ -125,7 +125,10 @@ class SemanticLayer:
         else:
             return None
         params = json.dumps([context, req.chat, req.max_tokens, req.min_tokens, req.ignore_eos,
-                             req.temperature, req.top_p, list(req.stop), req.seed],
+                             req.temperature, req.top_p, list(req.stop), req.seed,
+                             req.top_k, req.min_p, req.presence_penalty,
+                             req.frequency_penalty, req.repetition_penalty,
+                             [list(b) for b in req.logit_bias]],
                             sort_keys=True, default=str)
         digest = hashlib.sha256(params.encode()).hexdigest()[:32]
         return (ctx.tenant, self.model, self.version, digest), text

@@ -12,6 +12,7 @@ import numpy as np
 import orjson
 
 from sokuji.core.model import GenerationInput
+from sokuji.errors import InvalidInput
 
 DTYPES = {"FP32": "<f4", "FP16": "<f2", "FP64": "<f8", "INT8": "i1", "INT16": "<i2",
           "INT32": "<i4", "INT64": "<i8", "UINT8": "u1", "UINT16": "<u2", "UINT32": "<u4",
@@ -38,6 +39,14 @@ def completion_request(inputs: GenerationInput, upstream_model: str) -> tuple[st
         doc["min_tokens"] = inputs.min_tokens
     if inputs.ignore_eos:
         doc["ignore_eos"] = True
+    if inputs.logprobs is not None:  # (the relay carries text only)
+        raise InvalidInput("'logprobs' is not relayed from an upstream", param="logprobs")
+    for key, default in (("top_k", 0), ("min_p", 0.0), ("presence_penalty", 0.0),
+                         ("frequency_penalty", 0.0), ("repetition_penalty", 1.0)):
+        if getattr(inputs, key) != default:
+            doc[key] = getattr(inputs, key)
+    if inputs.logit_bias:
+        doc["logit_bias"] = {str(t): b for t, b in inputs.logit_bias}
     user = getattr(inputs, "user", None)
     if user:
         doc["user"] = user

@@ -27,6 +27,7 @@ from starlette.types import Receive, Send
 
 from sokuji.config import ServerConfig
 from sokuji.core import offload
+from sokuji.core.events import TokenLogprob
 from sokuji.core.model import Api
 from sokuji.errors import SokujiError
 from sokuji.llm.request import Delta, Finish, GenerationHandle
@@ -144,18 +145,20 @@ class Generation:
         if req.stream:
             return await self._stream(send, req, gen, enc, first, steps), True
         texts: list[str] = []
+        logprobs: list[TokenLogprob] = []
         pending = first
         while True:
             for event in pending:
                 if isinstance(event, Delta):
                     texts.append(event.text)
+                    logprobs.extend(event.logprobs)
                     continue
                 if event.error is not None:
                     return event, False
                 if event.reason == "cancelled":
                     return event, True
                 body = enc.whole("".join(texts), event.reason, gen.timing,
-                                 event.completion_tokens)
+                                 event.completion_tokens, logprobs)
                 headers = [(b"content-type", b"application/json"),
                            (b"content-length", str(len(body)).encode()),
                            (b"server-timing",
@@ -179,7 +182,8 @@ class Generation:
             done: Finish | None = None
             for event in pending:
                 if isinstance(event, Delta):
-                    out.append(enc.chunk(event.text, tokens=event.tokens))
+                    out.append(enc.chunk(event.text, tokens=event.tokens,
+                                         logprobs=event.logprobs if enc.logprobs else None))
                 else:
                     done = event
             if done is not None:

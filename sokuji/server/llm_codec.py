@@ -4,6 +4,8 @@ Every field the OpenAI API defines is either honoured or refused with a 400 that
 unknown fields are refused too, so a client never silently gets something else than it
 asked for. Beyond OpenAI's fields, the vLLM extensions that load generators send are
 honoured: ``ignore_eos`` and ``min_tokens`` (guidellm, genai-perf / aiperf ``--extra-inputs``),
+``top_k``, ``min_p`` and ``repetition_penalty`` (vLLM's sampling extensions; ``top_k`` 0 or -1:
+off),
 ``stream_options.continuous_usage_stats`` (guidellm), and NVIDIA's ``nvext.ignore_eos``
 (genai-perf recipes for NIM and Triton); any other key of ``stream_options`` or ``nvext`` is
 refused by name.
@@ -18,16 +20,19 @@ from typing import Any
 
 import orjson
 
+from sokuji.core.events import TokenLogprob
 from sokuji.core.model import GenerationInput
 from sokuji.errors import InvalidInput
 from sokuji.llm.chat import validate_messages
 from sokuji.llm.request import STOP_SEQUENCES, Timing, check_stops
+from sokuji.llm.sampling import LOGIT_BIAS_BOUND, MAX_TOP_LOGPROBS
 from sokuji.server.openai_api import parse_request
 
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "stop", "seed", "n", "stream",
            "stream_options", "user", "presence_penalty", "frequency_penalty", "logprobs",
            "logit_bias", "top_logprobs",
-           "ignore_eos", "min_tokens", "nvext"}  # vLLM / NVIDIA extensions
+           "ignore_eos", "min_tokens", "nvext",  # vLLM / NVIDIA extensions
+           "top_k", "min_p", "repetition_penalty"}
 _STREAM_OPTIONS = ("include_usage", "continuous_usage_stats")
 _NVEXT = ("ignore_eos",)
 _CHAT = _COMMON | {"messages", "max_completion_tokens", "response_format", "tools",
@@ -94,6 +99,59 @@ def _options(doc: dict[str, Any], key: str, known: tuple[str, ...]) -> dict[str,
     return value
 
 
+def _logit_bias(doc: dict[str, Any]) -> tuple[tuple[int, float], ...]:
+    """OpenAI's ``logit_bias``: {"token id": bias in [-100, 100]} (the ids are checked
+    against the vocabulary by the model, which knows it)."""
+    value = doc.get("logit_bias")
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        raise InvalidInput(f"'logit_bias' must be an object of token ids to numbers, got "
+                           f"{value!r}", param="logit_bias")
+    out: list[tuple[int, float]] = []
+    for key, bias in value.items():
+        token = int(key) if key.isascii() and key.isdigit() and len(key) < 12 else -1
+        if token < 0:
+            raise InvalidInput(f"'logit_bias' key {key!r} is not a token id",
+                               param="logit_bias")
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)) \
+                or not -LOGIT_BIAS_BOUND <= bias <= LOGIT_BIAS_BOUND:
+            raise InvalidInput(f"'logit_bias' of token {key} must be a number in [-100, 100], "
+                               f"got {bias!r}", param="logit_bias")
+        out.append((token, float(bias)))
+    return tuple(out)
+
+
+def _logprobs(doc: dict[str, Any], chat: bool) -> int | None:
+    """How many alternatives a token's log-probability comes with (None: none asked):
+    chat ``logprobs`` (a boolean) with ``top_logprobs`` (0..20); completions ``logprobs``
+    (an integer 0..20, the legacy format)."""
+    if not chat:
+        n = _int(doc, "logprobs")
+        if n is not None and not 0 <= n <= MAX_TOP_LOGPROBS:
+            raise InvalidInput(f"'logprobs' must be an integer in [0, {MAX_TOP_LOGPROBS}], "
+                               f"got {n}", param="logprobs")
+        return n
+    wanted = _flag(doc, "logprobs")
+    top = _int(doc, "top_logprobs")
+    if top is not None and not 0 <= top <= MAX_TOP_LOGPROBS:
+        raise InvalidInput(f"'top_logprobs' must be an integer in [0, {MAX_TOP_LOGPROBS}], "
+                           f"got {top}", param="top_logprobs")
+    if top and not wanted:
+        raise InvalidInput("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+    return (top or 0) if wanted else None
+
+
+def _top_k(doc: dict[str, Any]) -> int:
+    k = _int(doc, "top_k")
+    if k is None or k in (0, -1):
+        return 0
+    if k < 0:
+        raise InvalidInput(f"'top_k' must be a positive integer, or 0 or -1 (off), got {k}",
+                           param="top_k")
+    return k
+
+
 def _refuse_unless(doc: dict[str, Any], key: str, allowed: tuple[Any, ...], why: str) -> None:
     if key in doc and doc[key] not in allowed:
         raise InvalidInput(f"'{key}' {doc[key]!r} is not supported: {why}", param=key)
@@ -102,11 +160,6 @@ def _refuse_unless(doc: dict[str, Any], key: str, allowed: tuple[Any, ...], why:
 def decode(body: bytes, chat: bool) -> CompletionRequest:
     doc, model = parse_request(body, _CHAT if chat else _TEXT)
     _refuse_unless(doc, "n", (None, 1), "only n=1 is served")
-    _refuse_unless(doc, "presence_penalty", (None, 0, 0.0), "penalties are not implemented")
-    _refuse_unless(doc, "frequency_penalty", (None, 0, 0.0), "penalties are not implemented")
-    _refuse_unless(doc, "logprobs", (None, False, 0), "log-probabilities are not returned")
-    _refuse_unless(doc, "top_logprobs", (None, 0), "log-probabilities are not returned")
-    _refuse_unless(doc, "logit_bias", (None, {}), "logit bias is not implemented")
     messages, prompt = None, None
     if chat:
         messages = validate_messages(doc.get("messages"))
@@ -181,7 +234,12 @@ def decode(body: bytes, chat: bool) -> CompletionRequest:
         max_tokens_field=max_key, min_tokens=min_tokens, ignore_eos=ignore_eos,
         temperature=_number(doc, "temperature", 1.0, 0.0, 2.0),
         top_p=_number(doc, "top_p", 1.0, 0.0, 1.0, lo_open=True), stop=stop,
-        seed=_int(doc, "seed"), stream=bool(stream),
+        seed=_int(doc, "seed"), stream=bool(stream), top_k=_top_k(doc),
+        min_p=_number(doc, "min_p", 0.0, 0.0, 1.0),
+        presence_penalty=_number(doc, "presence_penalty", 0.0, -2.0, 2.0),
+        frequency_penalty=_number(doc, "frequency_penalty", 0.0, -2.0, 2.0),
+        repetition_penalty=_number(doc, "repetition_penalty", 1.0, 0.0, 10.0, lo_open=True),
+        logit_bias=_logit_bias(doc), logprobs=_logprobs(doc, chat),
         include_usage=_flag(options, "include_usage", "stream_options."),
         continuous_usage=_flag(options, "continuous_usage_stats", "stream_options."))
 
@@ -194,6 +252,8 @@ class Encoder:
         self.model = model
         self.timing = timing
         self.continuous = req.stream and req.continuous_usage
+        self.logprobs = req.logprobs is not None
+        """Each choice carries its tokens' log-probabilities (else ``logprobs: null``)."""
         self.id = ("chatcmpl-" if req.chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
         self.object = "chat.completion" if req.chat else "text_completion"
@@ -212,8 +272,30 @@ class Encoder:
                 "rejected_prediction_tokens": timing.drafted_tokens - timing.accepted_tokens}
         return usage
 
-    def whole(self, text: str, reason: str, timing: Timing, completion_tokens: int) -> bytes:
-        choice: dict[str, Any] = {"index": 0, "finish_reason": reason, "logprobs": None}
+    def logprobs_doc(self, entries: tuple[TokenLogprob, ...] | list[TokenLogprob]
+                     ) -> dict[str, Any] | None:
+        """OpenAI's ``logprobs`` of a choice (or a chunk's): chat ``{"content": [...]}``,
+        completions the legacy ``tokens`` / ``token_logprobs`` / ``top_logprobs`` /
+        ``text_offset`` (each alternative's dict holds the chosen token too, as OpenAI's
+        does). -inf (a banned or masked token) is written -9999.0, as OpenAI writes it."""
+        if not self.logprobs:
+            return None
+        if self.chat:
+            return {"content": [
+                {"token": e.token, "logprob": _finite(e.logprob), "bytes": list(e.raw),
+                 "top_logprobs": [{"token": t, "logprob": _finite(lp), "bytes": list(b)}
+                                  for t, b, lp in e.top]} for e in entries],
+                "refusal": None}
+        return {"tokens": [e.token for e in entries],
+                "token_logprobs": [_finite(e.logprob) for e in entries],
+                "top_logprobs": [{e.token: _finite(e.logprob)}
+                                 | {t: _finite(lp) for t, _, lp in e.top} for e in entries],
+                "text_offset": [e.offset for e in entries]}
+
+    def whole(self, text: str, reason: str, timing: Timing, completion_tokens: int,
+              logprobs: list[TokenLogprob] | None = None) -> bytes:
+        choice: dict[str, Any] = {"index": 0, "finish_reason": reason,
+                                  "logprobs": self.logprobs_doc(logprobs or [])}
         if self.chat:
             choice["message"] = {"role": "assistant", "content": text, "refusal": None}
         else:
@@ -223,10 +305,12 @@ class Encoder:
                              "usage": self.usage(timing, completion_tokens), **self.extra})
 
     def chunk(self, text: str | None, reason: str | None = None, role: bool = False,
-              tokens: int = 0) -> bytes:
+              tokens: int = 0, logprobs: tuple[TokenLogprob, ...] | None = None) -> bytes:
         """One streamed chunk; with ``continuous_usage_stats`` it carries the usage after
-        ``tokens`` generated tokens."""
-        choice: dict[str, Any] = {"index": 0, "finish_reason": reason, "logprobs": None}
+        ``tokens`` generated tokens; ``logprobs``: those of its text's tokens."""
+        choice: dict[str, Any] = {"index": 0, "finish_reason": reason,
+                                  "logprobs": (self.logprobs_doc(logprobs)
+                                               if logprobs is not None else None)}
         if self.chat:
             delta: dict[str, Any] = {"role": "assistant"} if role else {}
             if text is not None:
@@ -253,3 +337,7 @@ class Encoder:
     @staticmethod
     def _event(doc: dict[str, Any]) -> bytes:
         return b"data: " + orjson.dumps(doc) + b"\n\n"
+
+
+def _finite(logprob: float) -> float:
+    return logprob if logprob > -9999.0 else -9999.0

@@ -317,3 +317,27 @@ PASSAGES = [  # (as in benchmarks/speculative.py)
     "carry a spare rope. By the age of fourteen he could cross the bay alone, and by sixteen "
     "he was racing against the fishermen every Sunday afternoon.",
 ]
+
+
+def test_penalised_greedy_text_and_logprobs_are_identical_with_and_without_speculation(
+        client: openai.OpenAI) -> None:
+    """Greedy with penalties and logit_bias still speculates: the rows of a step are sampled
+    in order, each token counted before the next row, so a draft is kept exactly where it
+    is what the penalised sampler picks. Catches: drafts verified against the unpenalised
+    argmax, or counts updated once per step."""
+    bias = {"13": 2.0}  # a mild bias on "."
+
+    def run(model: str) -> tuple[str, Any, str]:
+        text, reply, desc = chat(client, model, COPY, max_tokens=64, presence_penalty=0.3,
+                                 frequency_penalty=0.2, logit_bias=bias, logprobs=True,
+                                 top_logprobs=2)
+        return text, [(e.token, e.logprob) for e in reply.choices[0].logprobs.content], desc
+
+    plain, ngram, draft = at_once(lambda: run("plain"), lambda: run("ngram"),
+                                  lambda: run("draft"))
+    assert plain[0] and ngram[0] == plain[0] and draft[0] == plain[0]
+    for other in (ngram, draft):
+        assert [t for t, _ in other[1]] == [t for t, _ in plain[1]]
+        assert [lp for _, lp in other[1]] == pytest.approx([lp for _, lp in plain[1]],
+                                                           abs=1e-4)
+    assert ngram[2].startswith("ngram") and figures(ngram[2])["drafted"] > 0

@@ -65,7 +65,7 @@ def test_row_by_row_decoding_gives_each_sequence_its_own_logits() -> None:
         for slot in (0, 1):
             req = GenerationRequest("m", [1, 2], SamplingParams(max_tokens=5, temperature=0),
                                     loop, arrival_ns=0)
-            seq = Sequence(req, slot)
+            seq = Sequence(req, slot, 32)
             seq.pending, seq.pos, seq.next_token = [], 2, 7
             seqs.append(seq)
         eng._active = seqs
@@ -117,12 +117,12 @@ def test_a_newcomers_prompt_is_decoded_before_the_running_rows() -> None:
         for slot in (0, 1):
             req = GenerationRequest("m", [1, 2], SamplingParams(max_tokens=5, temperature=0),
                                     loop, arrival_ns=0)
-            seq = Sequence(req, slot)
+            seq = Sequence(req, slot, 32)
             seq.pending, seq.pos, seq.next_token = [], 2, 7
             running.append(seq)
         req = GenerationRequest("m", [3, 4, 5], SamplingParams(max_tokens=5, temperature=0),
                                 loop, arrival_ns=0)
-        newcomer = Sequence(req, 2)
+        newcomer = Sequence(req, 2, 32)
         eng._active = [*running, newcomer]
         eng._step()
         assert [[slot for _, _, slot, _ in c] for c in model.calls] == [[2, 2, 2], [0, 1]]

@@ -22,7 +22,13 @@ class EagerToStopModel:
 
     shape = SimpleNamespace(slots=2)
     n_vocab = 8
-    eog_ids = np.array([EOG])
+
+    @property
+    def eog_ids(self) -> np.ndarray:
+        """Read by the engine only for a row whose end-of-generation tokens are banned (it
+        hands them to the sequence's sampler): counted."""
+        self.banned += 1
+        return np.array([EOG])
 
     def __init__(self) -> None:
         self.rows: list[np.ndarray] = []
@@ -38,10 +44,6 @@ class EagerToStopModel:
 
     def logits(self, index: int) -> np.ndarray:
         return self.rows[index]
-
-    def ban_eog(self, index: int) -> None:
-        self.banned += 1
-        self.rows[index][self.eog_ids] = -np.inf
 
     def is_eog(self, token: int) -> bool:
         return token == EOG

@@ -337,7 +337,7 @@ def piece_sizes(prompt_len: int, budgets: list[int], room: int = 512) -> list[in
     loop = asyncio.new_event_loop()
     try:
         seq = Sequence(GenerationRequest("m", list(range(prompt_len)), SamplingParams(
-            max_tokens=4, temperature=0), loop, arrival_ns=0), 0)
+            max_tokens=4, temperature=0), loop, arrival_ns=0), 0, 32)
         sizes = []
         for budget in budgets:
             if not seq.pending:

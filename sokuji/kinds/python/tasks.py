@@ -197,6 +197,11 @@ class Chat:
 
     def values(self, req: GenerationInput) -> tuple[dict[str, Any], int]:
         """The class's values for ``req``, and the most completion tokens it may give."""
+        beyond = req.extended_sampling()
+        if beyond is not None:
+            raise InvalidInput(f"'{beyond}' is not supported by model '{self.model}' (a "
+                               "Python class takes temperature, top_p, seed and stop)",
+                               param=beyond)
         asked, key = req.max_tokens, req.max_tokens_field
         if asked is not None and asked > self.max_tokens:
             raise InvalidInput(f"{key} {asked} exceeds model '{self.model}''s limit of "
