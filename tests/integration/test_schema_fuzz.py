@@ -135,7 +135,8 @@ def _served_openai(spec: dict[str, Any]) -> dict[str, Any]:
     """The OpenAI fragment narrowed to requests Sokuji serves: ``model`` names a served model,
     and the fields Sokuji refuses unless at their default, or honours within tighter bounds
     than the spec's (``n``; penalties, log-probabilities, and logit bias, whose token ids
-    must be in the model's vocabulary; tools, non-text response formats, ``echo``, ``best_of``, ``suffix``,
+    must be in the model's vocabulary; tools, non-text response formats, ``echo``,
+    ``best_of``, ``suffix``,
     ``dimensions`` other than the model's, token-id embedding input, ``stream_options``
     without streaming) are held at it, so most valid requests reach the models. Their
     refusals are fuzzed by the negative cases and by ``test_openai_any_model``."""
