@@ -177,6 +177,20 @@ class RouteUnavailable(SokujiError):
         self.retry_after_s = retry_after_s
 
 
+class GrammarFailed(SokujiError):
+    """A constrained generation whose grammar allows no next token (llguidance's limits ran
+    out at a step, or the grammar describes no text from here): it ends here, with the
+    reason, rather than go on unconstrained. 422: the request could not be answered as it
+    asked (most such grammars are refused at compile time with a 400 instead)."""
+
+    status = 422
+    code = "grammar_failed"
+
+    def __init__(self, model: str, why: str | None) -> None:
+        super().__init__(f"model '{model}': the output's grammar cannot go on: "
+                         f"{why or 'no token is allowed'}")
+
+
 class ModelCodeFailed(SokujiError):
     """502: a Python model's own code (``setup`` aside: that stops start-up) raised while it
     ran a batch. Only that batch's requests fail; the message names the model and the

@@ -217,13 +217,21 @@ class GenerationInput:
     """(token id, bias) pairs, ids checked against the model's vocabulary by the model."""
     logprobs: int | None = field(default=None, kw_only=True)
     """None: no log-probabilities; n: the chosen token's and n alternatives'."""
+    grammar: Any = field(default=None, kw_only=True)
+    """The constraint its output must follow (``llm/grammar.GrammarSpec``: a JSON schema from
+    ``response_format``, a GBNF ``grammar``), checked but not compiled; None: free text."""
+    tools: Any = field(default=None, kw_only=True)
+    """The tools it may call (``llm/tools.ToolSpec``), with ``tool_choice``; None: none."""
+    n: int = field(default=1, kw_only=True)
+    """Choices to generate from the one prompt."""
 
     def extended_sampling(self) -> str | None:
         """The first of the sampling fields beyond temperature / top_p / seed that this
         request sets (a generator that cannot honour them refuses it by name), or None."""
         for key, default in (("logprobs", None), ("logit_bias", ()), ("top_k", 0),
                              ("min_p", 0.0), ("presence_penalty", 0.0),
-                             ("frequency_penalty", 0.0), ("repetition_penalty", 1.0)):
+                             ("frequency_penalty", 0.0), ("repetition_penalty", 1.0),
+                             ("grammar", None), ("tools", None), ("n", 1)):
             if getattr(self, key) != default:
                 return key
         return None

@@ -39,13 +39,14 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from sokuji.config import ModelConfig
-from sokuji.errors import ModelNotReady, RuntimeFailed, SokujiError
+from sokuji.errors import GrammarFailed, ModelNotReady, RuntimeFailed, SokujiError
 from sokuji.llm.native import LlamaModel
 from sokuji.llm.options import LlamaOptions
 from sokuji.llm.prefix_cache import PrefixCache
-from sokuji.llm.request import Finish, GenerationRequest, now_ns
+from sokuji.llm.request import Finish, GenerationRequest, PrefillGroup, now_ns
 from sokuji.llm.sampling import Sampled
 from sokuji.llm.sequence import ATTN_TILE, Sequence
 from sokuji.llm.speculative import SpecConfig, Speculator
@@ -53,6 +54,12 @@ from sokuji.llm.step_cost import StepCosts
 from sokuji.llm.waiting import WaitingRoom
 
 log = logging.getLogger(__name__)
+
+
+def _waits(req: GenerationRequest) -> bool:
+    """A choice that may not start yet: its leader is still prefilling the shared prompt."""
+    group = req.group
+    return group is not None and group.waits(req)
 
 # The defaults, declared once: in sokuji.config's schema and the runtime's options.
 _MODEL, _OPTIONS = ModelConfig(name="-", runtime="llama"), LlamaOptions()
@@ -232,11 +239,18 @@ class GenerationEngine:
 
     def _admit(self, now: int) -> None:
         while self._free and self.queue.waiting:
-            req = self.queue.pop_best(now)
+            req = self.queue.pop_best(now, _waits)
+            if req is None:  # only choices whose leader is still prefilling
+                return
             slot = min(self._free)
             self._free.remove(slot)
             seq = Sequence(req, slot, self.model.n_vocab)
             req.timing.admitted_ns = now_ns()
+            group = req.group
+            if group is not None and req is not group.leader and group.state is not None \
+                    and self.model.load_state(seq.slot, group.state):
+                self._start_member(seq, group.logits)
+                continue
             cache = self.prefix_cache
             if cache.max_bytes > 0:
                 match = cache.lookup(req.prompt, req.tenant)
@@ -253,6 +267,19 @@ class GenerationEngine:
                 seq.spec = self.spec.admit(req.prompt, seq.sampler.greedy, req.params.max_tokens)
                 req.timing.speculative = self.spec.config.mode if seq.spec else "off sampled"
             self._active.append(seq)
+
+    def _start_member(self, seq: Sequence, logits: Any) -> None:
+        """A choice of an ``n`` > 1 request, in a slot holding its leader's prompt cells: its
+        first token is drawn from the leader's last prompt row, by its own sampler (no
+        prefill of its own). It does not speculate."""
+        req = seq.req
+        seq.pos, seq.pending = len(req.prompt), []
+        req.timing.reused_tokens = len(req.prompt)
+        req.timing.prefix_lookup = "shared"
+        self._active.append(seq)
+        sampled = self._sample(seq, logits)
+        if sampled is not None:
+            self._take_token(seq, sampled.token, sampled)
 
     def _step(self) -> None:
         # Prompt pieces of >= ATTN_TILE tokens (llama.cpp's tiled attention) get a
@@ -351,13 +378,14 @@ class GenerationEngine:
         timing.steps += 1
         timing.drafted_tokens += len(draft)
         accepted = 0
-        sampler = seq.sampler
+        group = seq.req.group
+        if group is not None and not group.ready and group.leader is seq.req:
+            self._share_prefill(seq, group, index)
         for i in range(len(draft) + 1):
-            banned = self.model.eog_ids if seq.generated < seq.eog_banned_below else None
-            sampled = sampler.sample(self.model.logits(index + i), None, banned)
+            sampled = self._sample(seq, self.model.logits(index + i))
+            if sampled is None:  # its grammar cannot go on: ended
+                return
             token = sampled.token
-            if not sampler.plain:
-                sampler.accept(token)
             agreed = i < len(draft) and token == draft[i]
             accepted += agreed
             timing.accepted_tokens += agreed
@@ -370,6 +398,35 @@ class GenerationEngine:
         if accepted < len(draft) and seq.next_token is not None:  # (still running)
             seq.pos = before + accepted
             self.model.forget(seq.slot, seq.pos)
+
+    def _sample(self, seq: Sequence, logits: Any) -> Sampled | None:
+        """The sequence's next token by its sampler, under its grammar's mask (filled for
+        this position; the token then consumed) and its end-of-generation ban. None: the
+        grammar allows nothing here (or refused the token): the sequence ended with a
+        ``GrammarFailed`` saying why, never an unconstrained token."""
+        matcher = seq.matcher
+        allowed = None
+        if matcher is not None:
+            if not matcher.fill(seq.mask):
+                self._finish(seq, "error", GrammarFailed(seq.req.model, matcher.error))
+                return None
+            allowed = seq.mask
+        banned = self.model.eog_ids if seq.generated < seq.eog_banned_below else None
+        sampled = seq.sampler.sample(logits, allowed, banned)
+        if not seq.sampler.plain:
+            seq.sampler.accept(sampled.token)
+        if matcher is not None and not self.model.is_eog(sampled.token) \
+                and not matcher.consume(sampled.token):
+            self._finish(seq, "error", GrammarFailed(seq.req.model, matcher.error))
+            return None
+        return sampled
+
+    def _share_prefill(self, seq: Sequence, group: PrefillGroup, index: int) -> None:
+        """The leader of ``n`` choices has prefilled: keep its prompt's cells and last row's
+        logits for the others (``_start_member``)."""
+        group.state = self.model.save_state(seq.slot)
+        group.logits = self.model.logits(index).copy()
+        group.ready = True
 
     def _decode_one_by_one(self, rows: list[tuple[Sequence, int, list[int]]],
                            entries: list[tuple[int, int, int, bool]]) -> None:
@@ -404,6 +461,8 @@ class GenerationEngine:
             reason: str | None = "stop"
         else:
             reason = seq.emit(token, self.model.piece(token), sampled, self.model.piece)
+            if reason is None and seq.matcher is not None and seq.matcher.done:
+                reason = "stop"  # the document is complete (whatever min_tokens asks)
         if reason is None:
             return True
         self._finish(seq, reason)
@@ -411,6 +470,9 @@ class GenerationEngine:
 
     def _finish(self, seq: Sequence, reason: str, error: SokujiError | None = None) -> None:
         req = seq.req
+        group = req.group
+        if group is not None and group.leader is req and not group.ready:
+            group.ready = True  # ended before its prefill: the others prefill for themselves
         if reason in ("stop", "length"):
             tail = seq.flush()
             if tail is not None:

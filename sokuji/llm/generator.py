@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,8 +29,9 @@ from sokuji.core.model import (
     ModelMetadata,
     RequestContext,
 )
+from sokuji.errors import InvalidInput
 from sokuji.llm.engine import GenerationEngine
-from sokuji.llm.request import GenerationRequest, SamplingParams, Timing
+from sokuji.llm.request import GenerationRequest, PrefillGroup, SamplingParams, Timing
 from sokuji.llm.runtime import LlamaRuntime
 
 INLINE_MAX_CHARS = 4 * 1024
@@ -43,6 +45,11 @@ millisecond); larger ones in a worker thread. (SmolLM2's tokenizer, measured: 16
 class PreparedGeneration:
     prompt: list[int]
     params: SamplingParams
+    grammar: Any = None
+    """Its output's compiled constraint (``llm/grammar.Compiled``: a schema, a GBNF grammar,
+    a tool-call grammar), or None."""
+    n: int = 1
+    """Choices to generate (``submit_choices``)."""
 
 
 MESSAGE_MARKUP_CHARS = 64
@@ -56,6 +63,18 @@ def _size(inputs: GenerationInput) -> int:
         return sum(len(m.get("content") or "") + MESSAGE_MARKUP_CHARS
                    for m in inputs.messages)
     return len(inputs.prompt) if inputs.prompt is not None else 0
+
+
+def _constraint(inputs: GenerationInput) -> Any:
+    """The grammar the output must follow: the request's (``response_format``, ``grammar``,
+    ``json_schema``), or its tools' (``llm/tools.tool_grammar``), or None."""
+    if inputs.tools is not None:
+        from sokuji.llm.grammar import GrammarSpec
+        from sokuji.llm.tools import tool_grammar
+
+        lark = tool_grammar(inputs.tools)
+        return GrammarSpec("lark", lark, "tools") if lark is not None else None
+    return inputs.grammar
 
 
 GENERATES = frozenset({Api.GENERATE})
@@ -93,14 +112,26 @@ class GeneratorModel(ModelBase):
 
     async def prepare(self, inputs: GenerationInput, ctx: RequestContext) -> PreparedGeneration:
         if _size(inputs) > INLINE_MAX_CHARS:
-            return await offload.run(self.prepare_now, inputs)
-        return self.prepare_now(inputs)
+            prepared = await offload.run(self.prepare_now, inputs)
+        else:
+            prepared = self.prepare_now(inputs)
+        spec = _constraint(inputs)
+        if spec is None:
+            return prepared
+        grammars = self.runtime.grammars_ready or await offload.run(self.runtime.grammars)
+        compiled = await grammars.acompile(spec, ctx.tenant)  # (a miss: off the loop)
+        return dataclasses.replace(prepared, grammar=compiled)
 
     def prepare_now(self, inputs: GenerationInput) -> PreparedGeneration:
-        """``prepare`` on the calling thread (any thread: it touches no event loop)."""
+        """``prepare`` on the calling thread (any thread: it touches no event loop), but for
+        the output's constraint, which ``prepare`` compiles (cached per tenant)."""
         prompts = self.runtime.prompts
+        max_n = self.runtime.options.max_n
+        if inputs.n > max_n:
+            raise InvalidInput(f"'n' {inputs.n} exceeds model '{self.name}''s limit of {max_n} "
+                               "choices (options.max_n)", param="n")
         if inputs.chat:
-            prompt = prompts.tokens(messages=inputs.messages)
+            prompt = prompts.tokens(messages=inputs.messages, tools=inputs.tools)
         elif isinstance(inputs.prompt, list):
             prompt = prompts.tokens(token_ids=inputs.prompt)
         else:
@@ -114,7 +145,7 @@ class GeneratorModel(ModelBase):
             frequency_penalty=inputs.frequency_penalty,
             repetition_penalty=inputs.repetition_penalty, logit_bias=inputs.logit_bias,
             logprobs=inputs.logprobs)
-        return PreparedGeneration(prompt, params)
+        return PreparedGeneration(prompt, params, n=inputs.n)
 
     def submit(self, prepared: PreparedGeneration, ctx: RequestContext,
                timing: Timing | None = None) -> GenerationRequest:
@@ -123,8 +154,38 @@ class GeneratorModel(ModelBase):
                                 asyncio.get_running_loop(), arrival_ns=ctx.arrival_ns,
                                 priority=ctx.priority, deadline_ns=ctx.deadline_ns,
                                 tenant=ctx.tenant, timing=timing)
+        gen.grammar = prepared.grammar
         self.engine.submit(gen)
         return gen
+
+    def submit_choices(self, prepared: PreparedGeneration, ctx: RequestContext
+                       ) -> list[GenerationRequest]:
+        """``n`` generations of one prompt, one handle each, sharing its one prefill
+        (``request.PrefillGroup``): the first prefills, the others start from its cells. A
+        seed gives choice ``i`` the seed + i (each its own draw; reproducible as a whole).
+        Admitted together: a refusal of any (429) cancels those already queued."""
+        loop = asyncio.get_running_loop()
+        handles: list[GenerationRequest] = []
+        group = None
+        try:
+            for i in range(prepared.n):
+                params = prepared.params
+                if params.seed is not None and i:
+                    params = dataclasses.replace(params, seed=params.seed + i)
+                gen = GenerationRequest(self.name, prepared.prompt, params, loop,
+                                        arrival_ns=ctx.arrival_ns, priority=ctx.priority,
+                                        deadline_ns=ctx.deadline_ns, tenant=ctx.tenant)
+                gen.grammar = prepared.grammar
+                if group is None:
+                    group = PrefillGroup(gen)
+                gen.group = group
+                self.engine.submit(gen)
+                handles.append(gen)
+        except BaseException:
+            for gen in handles:
+                gen.cancel()
+            raise
+        return handles
 
     def attach(self, observers: Any) -> None:
         observers.generation_engine(self.name, self.engine)

@@ -103,7 +103,8 @@ _JSON_OPTIONS: dict[str, Any] = {
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
-Kind = Literal["json_schema", "gbnf"]
+Kind = Literal["json_schema", "gbnf", "lark"]
+"""``lark``: llguidance's own grammar language (tool calls: ``llm/tools.py``)."""
 
 
 @dataclass(frozen=True)
@@ -400,6 +401,12 @@ class Grammars:
             except ValueError as exc:
                 raise _Refusal("the JSON schema is not valid", str(exc)) from None
             what = "the JSON schema cannot be enforced"
+        elif spec.kind == "lark":
+            what = "the tool-call grammar cannot be enforced"
+            try:
+                grammar = llg.LLMatcher.grammar_from_lark(spec.text)
+            except ValueError as exc:
+                raise _Refusal(what, str(exc)) from None
         else:
             from llguidance.gbnf_to_lark import gbnf_to_lark
 
@@ -418,7 +425,8 @@ class Grammars:
         compiled = Compiled(template, self.vocab, spec.kind)
         problem = _probe(compiled.matcher(), self.vocab)
         if problem:
-            subject = "the JSON schema" if spec.kind == "json_schema" else "the GBNF grammar"
+            subject = {"json_schema": "the JSON schema", "gbnf": "the GBNF grammar"}.get(
+                spec.kind, "the tool-call grammar")
             raise _Refusal(f"{subject} fails at its first steps", problem)
         return compiled
 

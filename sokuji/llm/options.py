@@ -32,6 +32,8 @@ Options (``[models.options]``), all optional:
   say it pays (false: always, for tests and benchmarks of the mechanism). Needs
   ``flash_attn``: with it a token's logits are the same whether 1 or up to 63 tokens of its
   sequence are decoded together (measured bit-equal); without it they differ from 2 on;
+- ``max_n`` (8): the most choices (``n``) one request may ask for; the choices share the
+  prompt's one prefill and take a slot each;
 - ``draft_model`` (""): the draft model's GGUF (same vocabulary, checked at load; "": the
   served file itself), ``draft_requantize`` ("", "q4_0", "q8_0"): served requantized.
   ``speculative = "draft"`` needs one of the two.
@@ -66,6 +68,7 @@ class LlamaOptions(_Table, frozen=True):
     speculative_ngram_max: AtLeast1 = 16
     speculative_ngram_min: AtLeast1 = 2
     speculative_adaptive: bool = True
+    max_n: Annotated[int, Meta(ge=1, le=128)] = 8
     draft_model: str = ""
     draft_requantize: Annotated[Literal["", "q4_0", "q8_0"],
                                 _why('must be "", "q4_0" or "q8_0"')] = ""

@@ -25,7 +25,7 @@ there; ctypes releases the GIL while llama.cpp tokenises). Each call holds the b
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from sokuji.core.limits import Limit
 from sokuji.core.offload import CallGate
@@ -42,7 +42,7 @@ class _Model(Protocol):
 
 
 class _Chat(Protocol):
-    def render(self, messages: list[dict[str, str]]) -> str: ...
+    def render(self, messages: list[dict[str, str]], tools: Any = None) -> str: ...
 
 
 class _Limits(Protocol):  # LlamaOptions
@@ -90,15 +90,15 @@ class PromptBuilder:
         frees the model."""
 
     def tokens(self, *, text: str | None = None, messages: list[dict[str, str]] | None = None,
-               token_ids: Sequence[int] | None = None) -> list[int]:
-        """The prompt's token ids (exactly one of the three given); 400 when it is empty,
-        outside the vocabulary, or longer than the model takes; 503 once the model is
-        closing."""
+               token_ids: Sequence[int] | None = None, tools: Any = None) -> list[int]:
+        """The prompt's token ids (exactly one of the three given; ``tools``: a chat's
+        ``ToolSpec``, rendered by the template); 400 when it is empty, outside the
+        vocabulary, or longer than the model takes; 503 once the model is closing."""
         with self.calls:
-            return self._tokens(text, messages, token_ids)
+            return self._tokens(text, messages, token_ids, tools)
 
     def _tokens(self, text: str | None, messages: list[dict[str, str]] | None,
-                token_ids: Sequence[int] | None) -> list[int]:
+                token_ids: Sequence[int] | None, tools: Any = None) -> list[int]:
         what = "messages" if messages is not None else "prompt"
         if token_ids is not None:
             self._check_count(len(token_ids), what)
@@ -110,7 +110,7 @@ class PromptBuilder:
             return list(token_ids)
         if messages is not None:
             self.messages.check(len(messages), "the messages")  # before templating them
-            text = self.chat.render(messages)
+            text = self.chat.render(messages, tools=tools)
         assert text is not None
         self._check_size(text, what)
         prompt = self.model.tokenize(text, add_special=True)

@@ -9,7 +9,7 @@ import codecs
 import itertools
 import time
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from sokuji.core import timing
 from sokuji.core.events import Delta, Event, EventQueue, Finish
@@ -168,6 +168,11 @@ class GenerationRequest(EventQueue):
         """Filled by the engine thread; a pipeline passes its own (its steps before this
         generation are part of the request's time)."""
         self.cancelled = False
+        self.grammar: Any = None
+        """Its output's compiled constraint (``llm/grammar.Compiled``), or None: each of its
+        sequences walks a matcher of its own."""
+        self.group: PrefillGroup | None = None
+        """The choices (``n`` > 1) that share its prompt's one prefill, or None."""
         self._loop = loop
         super().__init__()
 
@@ -177,6 +182,27 @@ class GenerationRequest(EventQueue):
 
     def cancel(self) -> None:
         self.cancelled = True
+
+
+class PrefillGroup:
+    """The ``n`` choices of one request: the first (the leader) prefills the prompt; when it
+    has, the engine keeps its KV state and its last prompt row's logits, and each other
+    member starts from them (no prefill of its own: one prefill, n sequences). Filled by the
+    engine thread only."""
+
+    __slots__ = ("leader", "logits", "ready", "state")
+
+    def __init__(self, leader: GenerationRequest) -> None:
+        self.leader = leader
+        self.ready = False
+        """The leader prefilled (``state`` and ``logits`` are set) or ended before it
+        (both None: each member prefills for itself)."""
+        self.state: bytes | None = None
+        self.logits: Any = None
+
+    def waits(self, req: GenerationRequest) -> bool:
+        """``req`` is a member that may not start yet (the leader is still prefilling)."""
+        return req is not self.leader and not self.ready
 
 
 class GenerationHandle(Protocol):

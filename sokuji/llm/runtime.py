@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -63,6 +64,25 @@ class LlamaRuntime:
         self.draft: Any = None
         self.prompts: PromptBuilder = None  # type: ignore[assignment]  # set by load()
         """``llm.prompt.PromptBuilder``: request text -> prompt tokens within the limits."""
+        self._grammars: Any = None
+        self._grammars_lock = threading.Lock()
+
+    @property
+    def grammars_ready(self) -> Any:
+        """The model's grammar compiler and cache (``llm/grammar.Grammars``) once built, else
+        None (non-blocking: for the event loop)."""
+        return self._grammars
+
+    def grammars(self) -> Any:
+        """The model's ``Grammars``, built the first time a request needs one (its
+        vocabulary read from llama.cpp: about half a second; blocking, call it in a worker
+        thread)."""
+        with self._grammars_lock:
+            if self._grammars is None:
+                from sokuji.llm.grammar import Grammars, Vocabulary
+
+                self._grammars = Grammars(Vocabulary.from_llama(self.model))
+            return self._grammars
 
     def load(self) -> None:
         from sokuji.llm import native

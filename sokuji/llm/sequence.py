@@ -27,9 +27,9 @@ The two round differently: logits apart by up to ~1, enough to change greedy tex
 
 
 class Sequence:
-    __slots__ = ("assembler", "eog_banned_below", "generated", "held", "min_tokens",
-                 "next_token", "pending", "pos", "req", "sampler", "slot", "spec",
-                 "store_prefix")
+    __slots__ = ("assembler", "eog_banned_below", "generated", "held", "mask", "matcher",
+                 "min_tokens", "next_token", "pending", "pos", "req", "sampler", "slot",
+                 "spec", "store_prefix")
 
     def __init__(self, req: GenerationRequest, slot: int, n_vocab: int) -> None:
         self.req = req
@@ -55,6 +55,11 @@ class Sequence:
         # comparison a token (``generated < 0`` is never true).
         self.eog_banned_below = p.eog_banned_below
         self.min_tokens = p.min_tokens
+        grammar = req.grammar
+        self.matcher = grammar.matcher() if grammar is not None else None
+        """Its walk of the request's grammar (``llm/grammar.Matcher``), or None: free text."""
+        self.mask = grammar.vocab.allocate()[0] if grammar is not None else None
+        """The tokens the grammar allows next (packed int32 words), filled before each row."""
 
     def prompt_piece(self, budget: int, room: int, tile: int = ATTN_TILE) -> list[int]:
         """The prompt tokens to feed now: about ``budget``, ``room`` at most, cut so that each

@@ -14,6 +14,7 @@ same lock, so no submission slips in after it.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 from sokuji.core import policy
 from sokuji.core.slo_budgets import SloBudgets
@@ -113,8 +114,15 @@ class WaitingRoom:
         queued = req.timing.submitted_ns
         return policy.rank(req.priority, now - queued, self._aging_ns), queued
 
-    def pop_best(self, now: int) -> GenerationRequest:
-        req = min(self.waiting, key=lambda r: self.rank(r, now))
+    def pop_best(self, now: int, waits: Callable[[GenerationRequest], bool] | None = None
+                 ) -> GenerationRequest | None:
+        """The best waiting request by rank, among those ``waits`` lets start (the choices
+        of an ``n`` > 1 request wait for their leader's prefill); None: none may."""
+        candidates = self.waiting if waits is None else [r for r in self.waiting
+                                                         if not waits(r)]
+        if not candidates:
+            return None
+        req = min(candidates, key=lambda r: self.rank(r, now))
         self.waiting.remove(req)
         return req
 

@@ -113,8 +113,9 @@ class SemanticLayer:
     # -- generations -------------------------------------------------------------------
     def generation_key(self, req: Any, ctx: RequestContext) -> tuple[tuple[str, ...], str] | None:
         """(scope, text) of a deterministic request; None when it may not be cached."""
-        if (req.temperature > 0 and req.seed is None) or req.logprobs is not None:
-            return None  # (a cached answer has no log-probabilities)
+        if (req.temperature > 0 and req.seed is None) or req.logprobs is not None \
+                or req.grammar is not None or req.tools is not None or req.n != 1:
+            return None  # (a cached answer has no log-probabilities, one text, no calls)
         if req.messages is not None:
             if not req.messages or req.messages[-1].get("role") != "user":
                 return None

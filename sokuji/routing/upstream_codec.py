@@ -41,6 +41,11 @@ def completion_request(inputs: GenerationInput, upstream_model: str) -> tuple[st
         doc["ignore_eos"] = True
     if inputs.logprobs is not None:  # (the relay carries text only)
         raise InvalidInput("'logprobs' is not relayed from an upstream", param="logprobs")
+    for name, unset, what in (("grammar", None, "a structured-output constraint"),
+                              ("tools", None, "tools"), ("n", 1, "n > 1")):
+        if getattr(inputs, name) != unset:  # (the relay carries one choice's text only)
+            field = getattr(inputs.grammar, "param", name) if name == "grammar" else name
+            raise InvalidInput(f"{what} is not relayed to an upstream (yet)", param=field)
     for key, default in (("top_k", 0), ("min_p", 0.0), ("presence_penalty", 0.0),
                          ("frequency_penalty", 0.0), ("repetition_penalty", 1.0)):
         if getattr(inputs, key) != default:

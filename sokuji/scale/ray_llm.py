@@ -184,7 +184,7 @@ class _Vocab(native.LlamaModel):
 
 @dataclass(frozen=True)
 class RoutedPrepared(PreparedGeneration):
-    session: str  # the routing key: which replica's prefix cache this conversation uses
+    session: str = ""  # the routing key: which replica's prefix cache this conversation uses
 
 
 def session_key(inputs: GenerationInput, ctx: RequestContext) -> str:
@@ -261,8 +261,15 @@ class RemoteGenerator(GeneratorModel):
         return errors.Overloaded(f"model '{self.name}': {why}; retry later", retry_after_s=wait)
 
     async def prepare(self, inputs: GenerationInput, ctx: RequestContext) -> RoutedPrepared:
+        for name, unset, what in (("grammar", None, "a structured-output constraint"),
+                                  ("tools", None, "tools"), ("n", 1, "n > 1")):
+            if getattr(inputs, name) != unset:  # (a replica is sent tokens and sampling only)
+                field = getattr(inputs.grammar, "param", name) if name == "grammar" else name
+                raise errors.InvalidInput(f"{what} is not served through Ray replicas (yet)",
+                                          param=field)
         prepared = await super().prepare(inputs, ctx)
-        return RoutedPrepared(prepared.prompt, prepared.params, session_key(inputs, ctx))
+        return RoutedPrepared(prepared.prompt, prepared.params,
+                              session=session_key(inputs, ctx))
 
     def submit(self, prepared: PreparedGeneration, ctx: RequestContext,  # type: ignore[override]
                timing: Timing | None = None) -> RemoteGeneration:  # (the same handle contract)

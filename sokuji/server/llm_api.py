@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
-from typing import ParamSpec, Protocol, TypeVar, cast
+from typing import ParamSpec, Protocol, TypeVar
 
 from starlette.types import Receive, Send
 
@@ -33,7 +33,7 @@ from sokuji.errors import SokujiError
 from sokuji.llm.request import Delta, Finish, GenerationHandle
 from sokuji.observability import tracing
 from sokuji.repository.models import Model, ModelRepository
-from sokuji.server import apis, llm_codec, scheduling
+from sokuji.server import apis, llm_choices, llm_codec, scheduling
 from sokuji.server.accounting import Accounting
 from sokuji.server.auth import Tenant
 from sokuji.server.failures import ErrorStyle, error_reply, to_error
@@ -98,8 +98,9 @@ class Generation:
             served.check_admission()
             ctx = scheduling.context(tenant, headers, {}, t0, model.config.default_timeout_ms)
             prepared = await served.prepare(req, ctx)
-            # Api.GENERATE: the handle is a generation's stream of events.
-            gen = cast("GenerationHandle", served.submit(prepared, ctx))
+            # Api.GENERATE: each handle is a generation's stream of events (one per choice).
+            gens = llm_choices.submit(served, prepared, ctx, req.n)
+            gen = gens[0]
         except ClientGone:
             return
         except Exception as exc:  # noqa: BLE001 - refused before submission: one mapper
@@ -108,17 +109,21 @@ class Generation:
             self.accounting.refused(model_name, tenant.name, refusal, t0, operation, path,
                                     req.model if model_name else "", trace, exc)
             return
-        watcher = asyncio.create_task(cancel_on_disconnect(receive, gen))
+        merged = llm_choices.Merged(gens)
+        watcher = asyncio.create_task(cancel_on_disconnect(receive, merged))
         finish: Finish | None = None
         failure: SokujiError | None = None
         try:
-            finish, answered = await self._respond(send, req, gen, model)
+            if len(gens) == 1 and req.tools is None:
+                finish, answered = await self._respond(send, req, gen, model)
+            else:
+                finish, answered = await self._respond_choices(send, req, merged, model)
             if not answered:
                 failure = finish.error
         except Exception as exc:  # noqa: BLE001 - a bug while answering: one mapper
             failure = to_error(exc, "POST", path)
         finally:
-            gen.cancel()  # a no-op once finished; stops the engine if we got here early
+            merged.cancel()  # a no-op once finished; stops the engine if we got here early
             watcher.cancel()
         if failure is not None:
             await _reply_error(send, failure)
@@ -167,6 +172,109 @@ class Generation:
                 await send({"type": "http.response.body", "body": body})
                 return event, True
             pending = await gen.next_events()
+
+    async def _respond_choices(self, send: Send, req: llm_codec.CompletionRequest,
+                               merged: llm_choices.Merged, model: Model) -> tuple[Finish, bool]:
+        """``_respond`` for several choices (``n``) or an answer with tools: each choice
+        built by ``llm_choices.Choice``; the first choice's handle gives the timing (the
+        choices share the prompt) and the usage counts every choice's tokens. Returns the
+        first choice's ``Finish`` (an error's, if one failed) and whether it was answered."""
+        lead = merged.gens[0]
+        enc = llm_codec.Encoder(req, model.name, lead.timing)
+        choices = [llm_choices.Choice(i, req.tools is not None and req.chat)
+                   for i in range(len(merged.gens))]
+        pending = await merged.next_events()
+        report = lead.report
+        steps = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in report.headers.items()]
+        if report.served_by:
+            steps.append((SERVED_BY.encode("latin-1"), report.served_by.encode("latin-1")))
+        failed = next((e for _, e in pending if isinstance(e, Finish) and e.error), None)
+        if failed is not None:
+            return failed, False
+        if req.stream:
+            return await self._stream_choices(send, req, merged, enc, choices, pending,
+                                              steps), True
+        while True:
+            for i, event in pending:
+                if isinstance(event, Delta):
+                    choices[i].add(event)
+                    continue
+                if event.error is not None:
+                    return event, False
+                if event.reason == "cancelled":
+                    return event, True
+                choices[i].end(event)
+            if not merged.open:
+                break
+            pending = await merged.next_events()
+        tokens = sum(c.finish.completion_tokens for c in choices if c.finish is not None)
+        body = enc.whole_choices(choices, lead.timing, tokens)
+        headers = [(b"content-type", b"application/json"),
+                   (b"content-length", str(len(body)).encode()),
+                   (b"server-timing", lead.timing.server_timing().encode("latin-1")), *steps]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+        first = choices[0].finish
+        assert first is not None
+        return first, True
+
+    async def _stream_choices(self, send: Send, req: llm_codec.CompletionRequest,
+                              merged: llm_choices.Merged, enc: llm_codec.Encoder,
+                              choices: list[llm_choices.Choice],
+                              pending: list[tuple[int, Delta | Finish]],
+                              headers: list[tuple[bytes, bytes]]) -> Finish:
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [*SSE_HEADERS, *headers] if headers else SSE_HEADERS})
+        if req.chat:
+            await send({"type": "http.response.body", "more_body": True, "body": b"".join(
+                enc.chunk(None, role=True, index=c.index) for c in choices)})
+        lead = merged.gens[0]
+        while True:
+            out: list[bytes] = []
+            for i, event in pending:
+                choice = choices[i]
+                if isinstance(event, Delta):
+                    logprobs = event.logprobs if enc.logprobs else None
+                    if not req.chat:
+                        out.append(enc.chunk(event.text, tokens=event.tokens,
+                                             logprobs=logprobs, index=i))
+                        continue
+                    deltas = choice.add(event)
+                    if not deltas and logprobs:
+                        deltas = [{}]  # (its tokens' log-probabilities go out now)
+                    for k, delta in enumerate(deltas):
+                        out.append(enc.chunk(None, tokens=event.tokens, index=i, delta=delta,
+                                             logprobs=logprobs if k == 0 else None))
+                    continue
+                if event.reason == "cancelled":
+                    return event
+                if event.error is not None:  # the status is sent: say it in the stream
+                    out.append(b"event: error\ndata: " + llm_codec.orjson.dumps(
+                        {"error": {"message": event.error.message, "code": event.error.code,
+                                   "choice": i}}) + b"\n\n")
+                    out.append(b"data: [DONE]\n\n")
+                    await send({"type": "http.response.body", "body": b"".join(out),
+                                "more_body": False})
+                    return event
+                out.extend(enc.chunk(None, index=i, delta=d) for d in choice.end(event))
+                out.append(enc.chunk(None, choice.reason, tokens=event.completion_tokens,
+                                     index=i))
+            if not merged.open:
+                tokens = sum(c.finish.completion_tokens for c in choices
+                             if c.finish is not None)
+                if req.include_usage:
+                    out.append(enc.usage_chunk(lead.timing, tokens))
+                timing = lead.timing.server_timing()
+                out.append(f": server-timing {timing}\n\ndata: [DONE]\n\n".encode())
+                await send({"type": "http.response.body", "body": b"".join(out),
+                            "more_body": False})
+                first = choices[0].finish
+                assert first is not None
+                return first
+            if out:
+                await send({"type": "http.response.body", "body": b"".join(out),
+                            "more_body": True})
+            pending = await merged.next_events()
 
     async def _stream(self, send: Send, req: llm_codec.CompletionRequest,
                       gen: GenerationHandle, enc: llm_codec.Encoder,

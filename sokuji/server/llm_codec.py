@@ -8,7 +8,9 @@ honoured: ``ignore_eos`` and ``min_tokens`` (guidellm, genai-perf / aiperf ``--e
 off),
 ``stream_options.continuous_usage_stats`` (guidellm), and NVIDIA's ``nvext.ignore_eos``
 (genai-perf recipes for NIM and Triton); any other key of ``stream_options`` or ``nvext`` is
-refused by name.
+refused by name. Structured outputs: OpenAI's ``response_format`` (json_object, json_schema)
+and llama-server's ``grammar`` (GBNF) and ``json_schema``, on both routes (``llm/grammar.py``);
+tools on the chat route (``llm/tools.py``); ``n`` choices.
 """
 
 from __future__ import annotations
@@ -32,10 +34,11 @@ _COMMON = {"model", "max_tokens", "temperature", "top_p", "stop", "seed", "n", "
            "stream_options", "user", "presence_penalty", "frequency_penalty", "logprobs",
            "logit_bias", "top_logprobs",
            "ignore_eos", "min_tokens", "nvext",  # vLLM / NVIDIA extensions
-           "top_k", "min_p", "repetition_penalty"}
+           "top_k", "min_p", "repetition_penalty",
+           "response_format", "grammar", "json_schema"}  # (llama-server's: grammar, json_schema)
 _STREAM_OPTIONS = ("include_usage", "continuous_usage_stats")
 _NVEXT = ("ignore_eos",)
-_CHAT = _COMMON | {"messages", "max_completion_tokens", "response_format", "tools",
+_CHAT = _COMMON | {"messages", "max_completion_tokens", "tools",
                    "tool_choice", "parallel_tool_calls", "store", "metadata"}
 _TEXT = _COMMON | {"prompt", "echo", "best_of", "suffix"}
 
@@ -157,18 +160,49 @@ def _refuse_unless(doc: dict[str, Any], key: str, allowed: tuple[Any, ...], why:
         raise InvalidInput(f"'{key}' {doc[key]!r} is not supported: {why}", param=key)
 
 
+MAX_N = 128
+"""The most choices (``n``) the protocol layer lets through; each model bounds it further
+(kind llama: ``options.max_n``)."""
+
+
+def _n(doc: dict[str, Any]) -> int:
+    n = _int(doc, "n")
+    if n is None:
+        return 1
+    if not 1 <= n <= MAX_N:
+        raise InvalidInput(f"'n' must be between 1 and {MAX_N}, got {n}", param="n")
+    return n
+
+
+def _constraint(doc: dict[str, Any]) -> Any:
+    """The output's constraint: OpenAI's ``response_format``, or llama-server's ``grammar``
+    (GBNF) or ``json_schema``; at most one of them (``llm/grammar.py`` checks each, cheaply:
+    nothing is compiled here)."""
+    from sokuji.llm import grammar
+
+    specs = [s for s in (grammar.parse_response_format(doc.get("response_format")),
+                         grammar.parse_gbnf(doc.get("grammar")),
+                         grammar.parse_json_schema(doc.get("json_schema"))) if s is not None]
+    if len(specs) > 1:
+        raise InvalidInput(f"'{specs[0].param}' and '{specs[1].param}' both constrain the "
+                           "output: send one", param=specs[1].param)
+    return specs[0] if specs else None
+
+
 def decode(body: bytes, chat: bool) -> CompletionRequest:
     doc, model = parse_request(body, _CHAT if chat else _TEXT)
-    _refuse_unless(doc, "n", (None, 1), "only n=1 is served")
-    messages, prompt = None, None
+    n = _n(doc)
+    constraint = _constraint(doc)
+    messages, prompt, tools = None, None, None
     if chat:
+        from sokuji.llm.tools import parse_tools
+
         messages = validate_messages(doc.get("messages"))
-        _refuse_unless(doc, "tools", (None, []), "tool calling is not implemented")
-        _refuse_unless(doc, "tool_choice", (None, "none"), "tool calling is not implemented")
-        fmt = doc.get("response_format")
-        if fmt is not None and fmt != {"type": "text"}:
-            raise InvalidInput(f"'response_format' {fmt!r} is not supported: only text",
-                               param="response_format")
+        tools = parse_tools(doc)
+        if tools is not None and constraint is not None:
+            raise InvalidInput(f"'{constraint.param}' together with 'tools' is not supported "
+                               "(yet): the answer is either a call or the constrained text",
+                               param=constraint.param)
     else:
         raw = doc.get("prompt")
         if isinstance(raw, list) and len(raw) == 1 and isinstance(raw[0], str):
@@ -239,8 +273,8 @@ def decode(body: bytes, chat: bool) -> CompletionRequest:
         presence_penalty=_number(doc, "presence_penalty", 0.0, -2.0, 2.0),
         frequency_penalty=_number(doc, "frequency_penalty", 0.0, -2.0, 2.0),
         repetition_penalty=_number(doc, "repetition_penalty", 1.0, 0.0, 10.0, lo_open=True),
-        logit_bias=_logit_bias(doc), logprobs=_logprobs(doc, chat),
-        include_usage=_flag(options, "include_usage", "stream_options."),
+        logit_bias=_logit_bias(doc), logprobs=_logprobs(doc, chat), grammar=constraint,
+        tools=tools, n=n, include_usage=_flag(options, "include_usage", "stream_options."),
         continuous_usage=_flag(options, "continuous_usage_stats", "stream_options."))
 
 
@@ -304,18 +338,39 @@ class Encoder:
                              "model": self.model, "choices": [choice],
                              "usage": self.usage(timing, completion_tokens), **self.extra})
 
+    def whole_choices(self, choices: list[Any], timing: Timing, completion_tokens: int
+                      ) -> bytes:
+        """The body of several choices, or of one with tools (``llm_choices.Choice``); usage
+        counts every choice's tokens (the prompt once: the choices share it)."""
+        out = []
+        for c in choices:
+            choice: dict[str, Any] = {"index": c.index, "finish_reason": c.reason,
+                                      "logprobs": self.logprobs_doc(c.logprobs)}
+            if self.chat:
+                choice["message"] = c.message()
+            else:
+                choice["text"] = "".join(c.texts)
+            out.append(choice)
+        return orjson.dumps({"id": self.id, "object": self.object, "created": self.created,
+                             "model": self.model, "choices": out,
+                             "usage": self.usage(timing, completion_tokens), **self.extra})
+
     def chunk(self, text: str | None, reason: str | None = None, role: bool = False,
-              tokens: int = 0, logprobs: tuple[TokenLogprob, ...] | None = None) -> bytes:
-        """One streamed chunk; with ``continuous_usage_stats`` it carries the usage after
-        ``tokens`` generated tokens; ``logprobs``: those of its text's tokens."""
-        choice: dict[str, Any] = {"index": 0, "finish_reason": reason,
+              tokens: int = 0, logprobs: tuple[TokenLogprob, ...] | None = None,
+              index: int = 0, delta: dict[str, Any] | None = None) -> bytes:
+        """One streamed chunk of choice ``index``; with ``continuous_usage_stats`` it carries
+        the usage after ``tokens`` generated tokens; ``logprobs``: those of its text's
+        tokens; ``delta``: a chat delta other than plain content (tool-call pieces)."""
+        choice: dict[str, Any] = {"index": index, "finish_reason": reason,
                                   "logprobs": (self.logprobs_doc(logprobs)
                                                if logprobs is not None else None)}
         if self.chat:
-            delta: dict[str, Any] = {"role": "assistant"} if role else {}
-            if text is not None:
-                delta["content"] = text
-            choice["delta"] = delta
+            body: dict[str, Any] = {"role": "assistant"} if role else {}
+            if delta is not None:
+                body.update(delta)
+            elif text is not None:
+                body["content"] = text
+            choice["delta"] = body
         else:
             choice["text"] = text or ""
         obj = "chat.completion.chunk" if self.chat else "text_completion"

@@ -244,7 +244,7 @@ def test_client_disconnect_cancels_its_generation(url: str) -> None:
     ({"prompt": "word " * 600}, "takes at most 511"),
     ({"prompt": "hello", "max_tokens": 300}, "limit of 200 new tokens"),
     ({"prompt": "word " * 400, "max_tokens": 150}, "context is 512 tokens"),
-    ({"prompt": "hello", "n": 2}, "n=1"),
+    ({"prompt": "hello", "n": 9}, "limit of 8 choices (options.max_n)"),
     ({"prompt": "hello", "temperature": 5}, "temperature"),
     ({"prompt": [999999]}, "outside the vocabulary"),
 ])

@@ -8,6 +8,7 @@ import random
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
 
@@ -134,7 +135,8 @@ def test_chat_request_decodes_with_openai_defaults() -> None:
 
 
 @pytest.mark.parametrize(("fields", "param"), [
-    ({"n": 2}, "n"),
+    ({"n": 0}, "n"),
+    ({"n": 129}, "n"),
     ({"temperature": 3}, "temperature"),
     ({"top_p": 0}, "top_p"),
     ({"max_tokens": 0}, "max_tokens"),
@@ -149,13 +151,14 @@ def test_chat_request_decodes_with_openai_defaults() -> None:
     ({"logit_bias": {"five": 1}}, "logit_bias"),
     ({"logit_bias": {"-3": 1}}, "logit_bias"),
     ({"logit_bias": [5, 1]}, "logit_bias"),
-    ({"tools": [{"type": "function"}]}, "tools"),
+    ({"tools": [{"type": "function"}]}, "tools[0].function"),
     ({"frequency_penalty": 2.5}, "frequency_penalty"),
     ({"presence_penalty": -3}, "presence_penalty"),
     ({"repetition_penalty": 0}, "repetition_penalty"),
     ({"top_k": -2}, "top_k"),
     ({"min_p": 1.5}, "min_p"),
-    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"response_format": {"type": "xml"}}, "response_format.type"),
+    ({"response_format": {"type": "json_object"}, "grammar": 'root ::= "a"'}, "grammar"),
     ({"stream_options": {"include_usage": True}}, "stream_options"),
     ({"bogus": 1}, "bogus"),
     ({"messages": []}, "messages"),
@@ -300,7 +303,7 @@ class CountingModel:
 
 
 class Chat:
-    def render(self, messages: list[dict[str, str]]) -> str:
+    def render(self, messages: list[dict[str, str]], tools: Any = None) -> str:
         return "".join(m["content"] for m in messages)
 
 
@@ -351,7 +354,8 @@ def test_the_stated_limits_and_the_count_of_messages() -> None:
                       "options.context_size": 101, "messages": 100, "stop": 4,
                       "stop.bytes": 512}
     rendered: list[int] = []
-    b.chat = type("Spy", (), {"render": lambda self, m: rendered.append(len(m)) or "x"})()
+    b.chat = type("Spy", (), {
+        "render": lambda self, m, tools=None: rendered.append(len(m)) or "x"})()
     with pytest.raises(LimitExceeded) as exc:  # each renders to a token at least
         b.tokens(messages=[{"role": "user", "content": ""}] * 101)
     assert exc.value.param == "messages" and rendered == []  # refused before templating
