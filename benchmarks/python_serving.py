@@ -696,6 +696,7 @@ def main() -> None:
     if goodput:
         report["goodput"] = goodput_summary(args, goodput, caps)
     report["wall_s"] = time.monotonic() - began
+    report["load_average_end"] = list(os.getloadavg())
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1, default=str))
