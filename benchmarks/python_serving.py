@@ -602,7 +602,7 @@ def main() -> None:
     p.add_argument("--server-core", type=int, default=1)
     p.add_argument("--client-core", type=int, default=0)
     p.add_argument("--cache-dir", default=str(ROOT / ".cache" / "sokuji"))
-    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "python_serving.json"))
+    p.add_argument("--out", default=str(ROOT / "benchmarks" / "recorded" / "python_serving.json"))
     args = p.parse_args()
     if args.quick:
         args.c1_calls, args.sweep_seconds, args.capacity_seconds = 100, 0.3, 1.0
