@@ -100,7 +100,8 @@ batching = "{batching}"
                 if conn.getresponse().status == 200:
                     return self
             except OSError:
-                time.sleep(0.2)  # polling a child's start-up
+                pass
+            time.sleep(0.2)  # polling a child's start-up (refused, or not ready: 404, 503)
         raise TimeoutError(f"server did not become ready: {self.command}")
 
     def __exit__(self, *exc: object) -> None:
@@ -144,9 +145,16 @@ class C1Client:
         lines = head.split(b"\r\n")
         status = int(lines[0].split()[1])
         headers = {k.lower(): v for k, v in (line.split(b": ", 1) for line in lines[1:])}
-        length = int(headers[b"content-length"])
-        while len(body) < length:
-            body += sock.recv(65536)
+        if b"content-length" in headers:
+            length = int(headers[b"content-length"])
+            while len(body) < length:
+                body += sock.recv(65536)
+        else:  # chunked (Ray Serve's replicas answer so): read to the last, empty chunk
+            while not body.endswith(b"0\r\n\r\n"):
+                chunk = sock.recv(65536)
+                if not chunk:
+                    raise ConnectionError("server closed the connection")
+                body += chunk
         return status, headers.get(b"server-timing", b"")
 
     def run(self, calls: int) -> tuple[list[float], list[dict[str, float]]]:

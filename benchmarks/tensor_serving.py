@@ -540,19 +540,23 @@ IDLE_LEAVES = ("asyncio/runners.py", "concurrent/futures/thread.py", "threading.
 ``Runner.run``): not counted."""
 
 
-def bucket_of(stack: str) -> str | None:
+def bucket_of(stack: str, buckets: tuple[tuple[str, tuple[str, ...]], ...] = PROFILE_BUCKETS
+              ) -> str | None:
     """The first bucket a frame matches, from the innermost frame out; None: idle."""
     frames = stack.split(";")
     if any(k in frames[-1] for k in IDLE_LEAVES):
         return None
     for frame in reversed(frames):
-        for label, keys in PROFILE_BUCKETS:
+        for label, keys in buckets:
             if any(k in frame for k in keys):
                 return label
     return "other"
 
 
-def profile_part(args: argparse.Namespace, w: Wire, server: GroupServer) -> dict[str, Any]:
+def profile_part(args: argparse.Namespace, w: Wire, server: GroupServer,
+                 buckets: tuple[tuple[str, tuple[str, ...]], ...] = PROFILE_BUCKETS
+                 ) -> dict[str, Any]:
+    """py-spy samples of ``server`` while a c=1 client sends ``w``'s requests, by bucket."""
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     if not Path(spy).exists():
         return {"skipped": "py-spy is not installed"}
@@ -577,25 +581,25 @@ def profile_part(args: argparse.Namespace, w: Wire, server: GroupServer) -> dict
             if stack and count.isdigit():
                 stacks[stack] += int(count)
         out_file.unlink()
-    buckets, leaves = Counter[str](), Counter[str]()
+    counts, leaves = Counter[str](), Counter[str]()
     idle = 0
     for st, n in stacks.items():
-        label = bucket_of(st)
+        label = bucket_of(st, buckets)
         if label is None:
             idle += n
             continue
-        buckets[label] += n
+        counts[label] += n
         leaves[st.split(";")[-1]] += n
-    busy = sum(buckets.values())
+    busy = sum(counts.values())
     if not busy:
         return {"skipped": f"py-spy gave no samples: {err.decode()[-300:]}"}
     wall = max(1e-9, time.monotonic() - t0 - 1.0)
     return {"samples_busy": busy, "samples_idle": idle, "calls_during": calls, "rate_hz": 500,
             "busy_ms_per_call": busy / 500 / calls * 1e3 if calls else None,
-            "wall_s": wall, "share_of_busy": {k: buckets[k] / busy for k, _ in PROFILE_BUCKETS
-                                              if buckets[k]} | {"other": buckets["other"] / busy},
-            "ms_per_call": {k: buckets[k] / 500 / calls * 1e3 for k, _ in PROFILE_BUCKETS}
-            | {"other": buckets["other"] / 500 / calls * 1e3} if calls else {},
+            "wall_s": wall, "share_of_busy": {k: counts[k] / busy for k, _ in buckets
+                                              if counts[k]} | {"other": counts["other"] / busy},
+            "ms_per_call": {k: counts[k] / 500 / calls * 1e3 for k, _ in buckets}
+            | {"other": counts["other"] / 500 / calls * 1e3} if calls else {},
             "top_leaf_frames": [(f, n / busy) for f, n in leaves.most_common(20)],
             "note": "py-spy samples of every server thread; a sample counts in the bucket of "
                     "its innermost matching frame; waiting threads (poll, queue get) are "
