@@ -1,5 +1,9 @@
 """`sokuji route calibrate ROUTER`: fit a cascade's escalation threshold on labelled data.
 
+A cascade of classifiers (below) or of generators (``generation.py``: the small generator's
+confidence is its answer's mean token log-probability; an answer is right when it contains
+one of the question's accepted answers); the threshold is fitted the same way.
+
 The cascade's small classifier answers; an item whose margin (top-1 minus top-2 score) is
 below the threshold θ goes to the large one. On a labelled calibration set both classifiers
 score every query once; then, for every candidate θ (each distinct margin), the cascade's
@@ -29,33 +33,21 @@ import hashlib
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-BOOTSTRAP = 1000
+from sokuji.routing.threshold_fit import Scored, fit_escalation, fit_quality, row, table
 
 
-@dataclass(frozen=True)
-class Scored:
-    """Both classifiers' verdicts on a labelled set."""
-
-    small_ok: np.ndarray
-    large_ok: np.ndarray
-    margin: np.ndarray
-
-
-@dataclass(frozen=True)
-class Row:
-    threshold: float
-    escalated: float
-    accuracy: float
-    of_large: float
-    cost_of_large: float
-    easy_escalated: int
-    hard_kept: int
+def _generates(model: Any) -> bool:
+    """A generator: kind llama, or an upstream speaking OpenAI."""
+    if model is None:
+        return False
+    return model.runtime == "llama" or (model.runtime == "upstream"
+                                        and model.options.get("protocol") == "openai")
 
 
 def read_labelled(path: str | Path) -> tuple[list[str], list[str]]:
@@ -79,49 +71,6 @@ def score(small: Any, large: Any, texts: list[str], labels: list[str]) -> Scored
     return Scored(s_pred == truth, l_pred == truth, margin(s))
 
 
-def row(sc: Scored, theta: float, cost_ratio: float) -> Row:
-    esc = sc.margin < theta
-    ok = np.where(esc, sc.large_ok, sc.small_ok)
-    acc_l = float(sc.large_ok.mean()) or 1.0
-    return Row(theta, float(esc.mean()), float(ok.mean()), float(ok.mean()) / acc_l,
-               cost_ratio + float(esc.mean()),
-               int((esc & sc.small_ok).sum()), int((~esc & ~sc.small_ok & sc.large_ok).sum()))
-
-
-def candidates(sc: Scored) -> np.ndarray:
-    """Every θ that changes the outcome: 0 (never escalate), each distinct margin nudged up
-    (escalate it and every lower one), and above the largest (always)."""
-    ms = np.unique(sc.margin)
-    return np.concatenate([[0.0], np.nextafter(ms, np.inf).astype(np.float64)])
-
-
-def fit_escalation(sc: Scored, rate: float) -> float:
-    """θ such that the share ``rate`` of queries with the lowest margins escalates."""
-    ms = np.sort(sc.margin)
-    k = round(rate * len(ms))
-    if k <= 0:
-        return 0.0
-    return float(np.nextafter(ms[min(k, len(ms)) - 1], np.inf))
-
-
-def fit_quality(sc: Scored, quality: float, seed: int = 0) -> tuple[float, float]:
-    """The smallest θ whose bootstrap 5th percentile of acc(θ) / acc_large is >= quality;
-    returns (θ, that lower bound)."""
-    rng = np.random.default_rng(seed)
-    n = len(sc.margin)
-    idx = rng.integers(0, n, size=(BOOTSTRAP, n))
-    large = sc.large_ok[idx].mean(axis=1)
-    large = np.where(large > 0, large, 1.0)
-    best = (float(candidates(sc)[-1]), 0.0)
-    for theta in candidates(sc):
-        ok = np.where(sc.margin < theta, sc.large_ok, sc.small_ok)
-        low = float(np.quantile(ok[idx].mean(axis=1) / large, 0.05))
-        if low >= quality:
-            return float(theta), low
-        best = (float(theta), low) if low > best[1] else best
-    return best
-
-
 def time_per_query(runtime: Any, texts: list[str], n: int = 30) -> float:
     """Median seconds of one query alone (batch 1): the compute a routed request costs."""
     runtime.classify(texts[:2])  # warm
@@ -131,20 +80,6 @@ def time_per_query(runtime: Any, texts: list[str], n: int = 30) -> float:
         runtime.classify([text])
         times.append(time.perf_counter() - t0)
     return float(np.median(times))
-
-
-def table(rows: Sequence[Row], title: str) -> Any:
-    from rich.table import Table
-
-    t = Table(title=title)
-    for col in ("θ", "escalated", "accuracy", "÷ large", "cost ÷ large", "easy escalated",
-                "hard kept"):
-        t.add_column(col, justify="right")
-    for r in rows:
-        t.add_row(f"{r.threshold:.4f}", f"{r.escalated:.1%}", f"{r.accuracy:.3f}",
-                  f"{r.of_large:.3f}", f"{r.cost_of_large:.3f}", str(r.easy_escalated),
-                  str(r.hard_kept))
-    return t
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -159,7 +94,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "\n")[0])
     p.add_argument("router")
     p.add_argument("--config", help="the server's TOML config (where the router is)")
-    p.add_argument("--labelled", required=True, help="JSONL {text, label}: calibration set")
+    p.add_argument("--labelled", required=True, help="JSONL {text, label}: calibration set "
+                   "(generators: {text, answers})")
     goal = p.add_mutually_exclusive_group(required=True)
     goal.add_argument("--target-escalation", type=float, help="share of queries escalated")
     goal.add_argument("--target-quality", type=float,
@@ -167,6 +103,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--test", help="JSONL {text, label}: held-out set to report on")
     p.add_argument("--out", help="where to write (default: the cache's calibration.json)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--max-tokens", type=int, default=24,
+                   help="generators: the most tokens of each answer (default 24)")
     args = p.parse_args(argv)
     console = Console(stderr=args.json)
     config = cfg.load(args.config)
@@ -177,6 +115,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     opts = registry.get(mc.runtime).parse(mc, f"models[{names.index(mc.name)}]")
     if opts.kind != "cascade":
         raise SystemExit(f"router '{args.router}' is a {opts.kind} router, not a cascade")
+    if all(_generates(config.model(n)) for n in opts.targets):
+        from sokuji.routing.generation import calibrate_generation
+
+        return calibrate_generation(args, config, opts, console)
     runtimes = []
     with console.status("loading the two classifiers"):
         for name in opts.targets:

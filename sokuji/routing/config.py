@@ -143,8 +143,9 @@ class RouterOptions(_Table, frozen=True):
     default: str = ""
     """rules: the target when no rule matches (default: the first rule's)."""
     threshold: Threshold = "calibrated"
-    """cascade: escalate when the small model's margin (top1 - top2 score) is below this;
-    calibrated: the value `sokuji route calibrate` wrote for this router."""
+    """cascade: escalate when the small model's margin (top1 - top2 score; generators: its
+    answer's mean token log-probability) is below this; calibrated: the value `sokuji route
+    calibrate` wrote for this router."""
     fallbacks: tuple[str, ...] = ()
     """Tried in order when the chosen target fails, times out, refuses (429) or is open."""
     breaker: BreakerOptions = BreakerOptions()

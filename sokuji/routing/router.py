@@ -5,8 +5,11 @@ each request through one of other models (its targets), chosen per request.
   names the target; else ``default``.
 - ``cascade``: two classifiers (``runtimes/classifier.py``), small then large: the small one
   answers every item; items whose margin (top1 - top2 score) is below the threshold are
-  answered by the large one instead. The threshold is a number or the one ``sokuji route
-  calibrate`` fitted (``calibrate.py``).
+  answered by the large one instead. Or two generators: the small one answers whole; when
+  its answer's mean token log-probability (its confidence) is below the threshold, the large
+  one answers instead (the client sees one answer; its first token waits for the small
+  one's whole answer). The threshold is a number or the one ``sokuji route calibrate``
+  fitted (``calibrate.py``).
 - ``canary``: a weighted choice between a stable and a canary version
   (``canary.py``: steps, checks against live stable, automatic rollback); an optional shadow
   target gets copies whose answers are compared and discarded (``shadow.py``). A canary
@@ -270,11 +273,12 @@ class RouterModel(ModelBase):
                     "and return the same tensors", param=f"{at}.options")
         if self.options.kind == "cascade":
             out = ref.outputs[0] if ref.outputs else None
-            if not self.batches or self.generates or out is None or out.datatype != "FP32" \
-                    or out.shape[-1] < 2:
+            classifiers = self.batches and not self.generates and out is not None \
+                and out.datatype == "FP32" and out.shape[-1] >= 2
+            if not (classifiers or self.generates):
                 raise ConfigError(f"Config '{at}.options.targets': a cascade needs two "
-                                  "classifiers (runtime classifier: a score per label)",
-                                  param=f"{at}.options.targets")
+                                  "classifiers (runtime classifier: a score per label) or two "
+                                  "generators", param=f"{at}.options.targets")
             if self.threshold is None:
                 raise ConfigError(f"Config '{at}.options.threshold': missing",
                                   param=f"{at}.options.threshold")

@@ -8,17 +8,20 @@
 - ``RouteGeneration`` (generators): quacks like ``llm/request.GenerationRequest`` for the
   OpenAI endpoints. It tries targets until one produces its first event; that is the commit
   point: before it, a failure moves on to the next target unseen by the client; after it,
-  the chosen target's stream is relayed as it is (a failure ends it with an error event).
+  the chosen target's stream is relayed as it is (a failure ends it with an error event). A
+  generation cascade's commit point is later: the small generator's whole answer, whose mean
+  token log-probability decides whether it stands or the large one answers.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any, Protocol
 
 import numpy as np
 
-from sokuji.core.events import EventStream, Finish
+from sokuji.core.events import Delta, EventStream, Finish
 from sokuji.core.model import Report, RequestContext
 from sokuji.errors import SokujiError
 from sokuji.llm.request import Timing
@@ -204,8 +207,52 @@ class RouteGeneration(EventStream):
         return events
 
     async def _start(self) -> list[Any]:
+        if self.router.options.kind == "cascade":
+            return await self._cascade()
+        return await self._attempt(self.prepared.inputs, self.router.plan(self.prepared, self.ctx),
+                                   self.info)
+
+    async def _cascade(self) -> list[Any]:
+        """The small generator answers whole, with its tokens' log-probabilities (asked for
+        here if the client did not ask: then not relayed); its mean is its confidence. At or
+        above the threshold its answer stands; below, the large one answers (its stream
+        relayed), unless it cannot: then the small one's answer stands."""
+        router, req, info = self.router, self.prepared.inputs, self.info
+        asked = req.logprobs is not None
+        inner = req if asked else dataclasses.replace(req, logprobs=0)
+        events = await self._attempt(inner, router.plan(self.prepared, self.ctx), info)
+        while not isinstance(events[-1], Finish):
+            events += await self.gen.next_events()
+        logprobs = [lp.logprob for e in events if isinstance(e, Delta) for lp in e.logprobs]
+        confidence = sum(logprobs) / len(logprobs) if logprobs else float("-inf")
+        if not asked:
+            events = [dataclasses.replace(e, logprobs=()) if isinstance(e, Delta) else e
+                      for e in events]
+        assert router.threshold is not None
+        info.detail = f"confidence {confidence:.3f}"
+        small = router.options.targets[0]
+        if info.served_by != small or confidence >= router.threshold \
+                or events[-1].error is not None:
+            info.reason = info.reason if info.served_by != small else "cascade_kept"
+            return events
+        large = router.targets[router.options.targets[1]]
+        escalated = RouteInfo()
+        try:
+            out = await self._attempt(req, [(large, "cascade_escalated")], escalated)
+        except SokujiError:
+            info.attempts += escalated.attempts
+            if any(o == "client" for _, o, _ in escalated.attempts):
+                raise
+            info.reason = "cascade_kept:large_unavailable"
+            return events
+        info.attempts += escalated.attempts
+        info.served_by, info.reason = large.name, "cascade_escalated"
+        return out
+
+    async def _attempt(self, req: Any, plan: list[tuple[Target, str]], info: RouteInfo
+                       ) -> list[Any]:
+        """The first events of the first target in ``plan`` that starts answering."""
         router, ctx = self.router, self.ctx
-        req = self.prepared.inputs
 
         async def call(target: Target) -> list[Any]:
             model = target.model
@@ -226,7 +273,7 @@ class RouteGeneration(EventStream):
                 self.timing.inner = gen.timing
             return events
 
-        return await router.attempts(ctx).run(router.plan(self.prepared, ctx), self.info, call)
+        return await router.attempts(ctx).run(plan, info, call)
 
     def cancel(self) -> None:
         self.cancelled = True
