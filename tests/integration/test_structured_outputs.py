@@ -287,6 +287,8 @@ def test_n_choices_share_the_prompt_and_each_is_its_own(client: openai.OpenAI) -
      "response_format", 400),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": 3}}},
      "response_format.json_schema.schema", 400),
+    ({"response_format": schema_format("t", {"type": "objekt"})}, "response_format", 400),
+    ({"response_format": schema_format("e", {"enum": []})}, "response_format", 400),  # no text
     ({"response_format": schema_format("big", {"type": "object", "description": "x" * 70000})},
      "response_format.json_schema.schema", 413),
     ({"grammar": "root ::= ("}, "grammar", 400),
