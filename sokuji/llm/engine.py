@@ -61,6 +61,7 @@ def _waits(req: GenerationRequest) -> bool:
     group = req.group
     return group is not None and group.waits(req)
 
+
 # The defaults, declared once: in sokuji.config's schema and the runtime's options.
 _MODEL, _OPTIONS = ModelConfig(name="-", runtime="llama"), LlamaOptions()
 
