@@ -36,6 +36,9 @@ from _harness import percentile
 from _llm_load import SYSTEM, TOPICS, itls, session_, turn_tokens
 
 SK, LS = "sokuji", "llama-server"
+REPLAY = 500
+"""Added to a prompt's number where the same server runs the same request again: every run
+on a server starts from prompts it has not seen (its shared system prompt aside)."""
 
 SCHEMA: dict[str, Any] = {
     "type": "object", "additionalProperties": False,
@@ -107,6 +110,7 @@ async def stream(session: aiohttp.ClientSession, url: str, body: dict[str, Any],
     parts: list[str] = []
     usage: int | None = None
     finish: str | None = None
+    accepted = rejected = 0
     chat = "messages" in body
     async with session.post(url, json=body) as r:
         assert r.status == 200, f"{name}: {r.status} {await r.text()}"
@@ -124,7 +128,11 @@ async def stream(session: aiohttp.ClientSession, url: str, body: dict[str, Any],
                 finish = choice.get("finish_reason") or finish
             if doc.get("usage"):
                 usage = int(doc["usage"]["completion_tokens"])
-    return Reply(times, len(times) if usage is None else usage, "".join(parts), finish)
+                details = doc["usage"].get("completion_tokens_details") or {}
+                accepted = details.get("accepted_prediction_tokens") or 0
+                rejected = details.get("rejected_prediction_tokens") or 0
+    return Reply(times, len(times) if usage is None else usage, "".join(parts), finish,
+                 extra={"accepted": accepted, "rejected": rejected})
 
 
 class Validator:
@@ -170,7 +178,12 @@ def summarize(name: str, runs: list[tuple[float, list[Reply]]], validate: bool
             percentile(ttft or start, 99), "ttft_max_ms": max(ttft or start),
         "ttft_start_p50_ms": statistics.median(start), "ttft_start_max_ms": max(start),
         "itl_p50_ms": statistics.median(itl), "itl_p99_ms": percentile(itl, 99),
-        "itl_mean_ms": statistics.fmean(itl), "ttft_ms": ttft, "ttft_start_ms": start}
+        "itl_mean_ms": statistics.fmean(itl), "answers_per_s": len(replies) / wall,
+        # Sokuji's speculative decoding (n-gram, on by default): draft tokens accepted and
+        # rejected, from usage.completion_tokens_details (llama-server reports none)
+        "spec_accepted": sum(x.extra.get("accepted", 0) for x in replies),
+        "spec_rejected": sum(x.extra.get("rejected", 0) for x in replies),
+        "ttft_ms": ttft, "ttft_start_ms": start}
     if validate:
         bad = [(x, VALIDATOR.invalid(x.text, SCHEMA)) for x in replies]
         bad = [(x, why) for x, why in bad if why is not None]
@@ -180,7 +193,8 @@ def summarize(name: str, runs: list[tuple[float, list[Reply]]], validate: bool
         out["example"] = replies[0].text
     print(f"    {name:24s} {out['tokens_per_s']:6.1f} tok/s, {len(replies)} answers "
           f"({out['tokens_per_answer_mean']:.0f} tokens mean), TTFT p50 "
-          f"{out['ttft_p50_ms']:.0f} ms, ITL p50 {out['itl_p50_ms']:.1f} ms"
+          f"{out['ttft_p50_ms']:.0f} ms, ITL p50 {out['itl_p50_ms']:.1f} ms, drafts accepted "
+          f"{out['spec_accepted']} / {out['spec_accepted'] + out['spec_rejected']}"
           + (f", invalid {out['invalid']}" if validate else ""), flush=True)
     return out
 
@@ -231,7 +245,10 @@ async def schema_level(args: argparse.Namespace, ports: dict[str, int], streams:
                                     base: int = base,
                                     lengths: dict[str, dict[int, int]] = lengths) -> Reply:
                     n = base + w * args.turns + r
-                    body = {"model": "smollm2", "prompt": json_prompt(n, TOPICS[n % 12]),
+                    # another number: the constrained run's prompt is in this server's
+                    # prefix cache now (the same topic and length, a fresh tail)
+                    body = {"model": "smollm2",
+                            "prompt": json_prompt(n + REPLAY, TOPICS[n % 12]),
                             "max_tokens": max(1, lengths[name][n]), "ignore_eos": True}
                     x = await stream(session, url, body, name)
                     x.nonce, x.turn = n, r
@@ -307,8 +324,9 @@ async def logprobs_cost(args: argparse.Namespace, port: int) -> dict[str, Any]:
                     async def req(w: int, r: int, v: str = v, base: int = base,
                                   streams: int = streams) -> Reply:
                         n = base + w * args.turns + r
+                        k = n + REPLAY * list(variants).index(v)  # (not in the prefix cache)
                         body = {"model": "smollm2",
-                                "messages": chat_messages(n, TOPICS[n % 12]),
+                                "messages": chat_messages(k, TOPICS[n % 12]),
                                 "max_tokens": turn_tokens(args, n, w, streams, r),
                                 "ignore_eos": True, **variants[v]}
                         x = await stream(session, url, body, SK)

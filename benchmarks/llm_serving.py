@@ -278,6 +278,9 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--compile-samples", type=int, default=20)
     ap.add_argument("--compile-tokens", type=int, default=2)
     ap.add_argument("--logprobs-streams", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--speculative", choices=["ngram", "off"], default="ngram",
+                    help="Sokuji's speculative decoding (ngram: its default; llama-server "
+                    "runs none)")
     ap.add_argument("--quick", action="store_true", help="a short run for development: "
                     "streams 1 8, 2 rounds of 2 turns, 32 tokens, 6 idle and 3 prefix samples,"
                     " 6 compile samples")
@@ -317,6 +320,7 @@ cache = false
 threads = {args.threads}
 slots = 8
 context_size = 2048
+speculative = "{args.speculative}"
 """)
     log = Path(args.out).with_suffix(".llama-server.log")
     peer = LlamaServer(args, binary, gguf, ls_port, slots=8, ctx_per_slot=2048, log_path=log)
