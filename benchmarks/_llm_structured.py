@@ -36,9 +36,6 @@ from _harness import percentile
 from _llm_load import SYSTEM, TOPICS, itls, session_, turn_tokens
 
 SK, LS = "sokuji", "llama-server"
-REPLAY = 500
-"""Added to a prompt's number where the same server runs the same request again: every run
-on a server starts from prompts it has not seen (its shared system prompt aside)."""
 
 SCHEMA: dict[str, Any] = {
     "type": "object", "additionalProperties": False,
@@ -64,19 +61,20 @@ def unique_schema(i: int) -> dict[str, Any]:
     return s
 
 
-def json_prompt(nonce: int, topic: str, fresh: bool = False) -> str:
+def json_prompt(nonce: int, topic: str, fresh: bool = False, tag: str = "A") -> str:
     """A chat turn asking for the schema's document (``fresh``: starts with the number's
-    digits reversed, so no prefix cache helps)."""
+    digits reversed, so no prefix cache helps). The user turn starts with ``tag`` and the
+    number: a replay (another tag) shares only the system prompt with its original."""
     head = f"{str(nonce)[::-1]} " if fresh else ""
     return (f"{head}<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\n"
-            f"Summarise a short story about {topic} (story {nonce}) as a JSON object with a "
+            f"{tag}{nonce}. Summarise a short story about {topic} as a JSON object with a "
             "title, the hero's name and age, the place, the mood, up to three events and a "
             "rating from 1 to 10.<|im_end|>\n<|im_start|>assistant\n")
 
 
-def chat_messages(nonce: int, topic: str) -> list[dict[str, str]]:
+def chat_messages(nonce: int, topic: str, tag: str = "A") -> list[dict[str, str]]:
     return [{"role": "system", "content": SYSTEM},
-            {"role": "user", "content": f"Write a long story about {topic} (story {nonce})."}]
+            {"role": "user", "content": f"{tag}{nonce}. Write a long story about {topic}."}]
 
 
 def constraint(server: str, schema: dict[str, Any]) -> dict[str, Any]:
@@ -245,10 +243,10 @@ async def schema_level(args: argparse.Namespace, ports: dict[str, int], streams:
                                     base: int = base,
                                     lengths: dict[str, dict[int, int]] = lengths) -> Reply:
                     n = base + w * args.turns + r
-                    # another number: the constrained run's prompt is in this server's
-                    # prefix cache now (the same topic and length, a fresh tail)
+                    # another tag: the constrained run's prompt is in this server's prefix
+                    # cache now (the same topic and length; only the system prompt shared)
                     body = {"model": "smollm2",
-                            "prompt": json_prompt(n + REPLAY, TOPICS[n % 12]),
+                            "prompt": json_prompt(n, TOPICS[n % 12], tag="B"),
                             "max_tokens": max(1, lengths[name][n]), "ignore_eos": True}
                     x = await stream(session, url, body, name)
                     x.nonce, x.turn = n, r
@@ -324,9 +322,9 @@ async def logprobs_cost(args: argparse.Namespace, port: int) -> dict[str, Any]:
                     async def req(w: int, r: int, v: str = v, base: int = base,
                                   streams: int = streams) -> Reply:
                         n = base + w * args.turns + r
-                        k = n + REPLAY * list(variants).index(v)  # (not in the prefix cache)
+                        tag = "AB"[list(variants).index(v)]  # (not in the prefix cache)
                         body = {"model": "smollm2",
-                                "messages": chat_messages(k, TOPICS[n % 12]),
+                                "messages": chat_messages(n, TOPICS[n % 12], tag),
                                 "max_tokens": turn_tokens(args, n, w, streams, r),
                                 "ignore_eos": True, **variants[v]}
                         x = await stream(session, url, body, SK)
