@@ -61,20 +61,23 @@ def unique_schema(i: int) -> dict[str, Any]:
     return s
 
 
-def json_prompt(nonce: int, topic: str, fresh: bool = False, tag: str = "A") -> str:
+def json_prompt(nonce: int, topic: str, fresh: bool = False, replay: bool = False) -> str:
     """A chat turn asking for the schema's document (``fresh``: starts with the number's
-    digits reversed, so no prefix cache helps). The user turn starts with ``tag`` and the
-    number: a replay (another tag) shares only the system prompt with its original."""
+    digits reversed, so no prefix cache helps). A ``replay`` starts its user turn with
+    "Now": it shares only the system prompt with its original (a number or tag first made
+    SmolLM2 copy it into every string: answers 2.7x longer)."""
     head = f"{str(nonce)[::-1]} " if fresh else ""
     return (f"{head}<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\n"
-            f"{tag}{nonce}. Summarise a short story about {topic} as a JSON object with a "
+            f"{'Now summarise' if replay else 'Summarise'} a short story about {topic} "
+            f"(story {nonce}) as a JSON object with a "
             "title, the hero's name and age, the place, the mood, up to three events and a "
             "rating from 1 to 10.<|im_end|>\n<|im_start|>assistant\n")
 
 
-def chat_messages(nonce: int, topic: str, tag: str = "A") -> list[dict[str, str]]:
+def chat_messages(nonce: int, topic: str, replay: bool = False) -> list[dict[str, str]]:
     return [{"role": "system", "content": SYSTEM},
-            {"role": "user", "content": f"{tag}{nonce}. Write a long story about {topic}."}]
+            {"role": "user", "content": f"{'Now write' if replay else 'Write'} a long story "
+                                        f"about {topic} (story {nonce})."}]
 
 
 def constraint(server: str, schema: dict[str, Any]) -> dict[str, Any]:
@@ -246,7 +249,7 @@ async def schema_level(args: argparse.Namespace, ports: dict[str, int], streams:
                     # another tag: the constrained run's prompt is in this server's prefix
                     # cache now (the same topic and length; only the system prompt shared)
                     body = {"model": "smollm2",
-                            "prompt": json_prompt(n, TOPICS[n % 12], tag="B"),
+                            "prompt": json_prompt(n, TOPICS[n % 12], replay=True),
                             "max_tokens": max(1, lengths[name][n]), "ignore_eos": True}
                     x = await stream(session, url, body, name)
                     x.nonce, x.turn = n, r
@@ -320,11 +323,13 @@ async def logprobs_cost(args: argparse.Namespace, port: int) -> dict[str, Any]:
                 order = list(variants) if rnd % 2 == 0 else list(variants)[::-1]
                 for v in order:
                     async def req(w: int, r: int, v: str = v, base: int = base,
-                                  streams: int = streams) -> Reply:
+                                  streams: int = streams, rnd: int = rnd) -> Reply:
                         n = base + w * args.turns + r
-                        tag = "AB"[list(variants).index(v)]  # (not in the prefix cache)
+                        # the second variant's prompt differs after the system prompt (no
+                        # prefix-cache hit); which one says "Now" alternates round by round
+                        replay = (list(variants).index(v) + rnd) % 2 == 1
                         body = {"model": "smollm2",
-                                "messages": chat_messages(n, TOPICS[n % 12], tag),
+                                "messages": chat_messages(n, TOPICS[n % 12], replay),
                                 "max_tokens": turn_tokens(args, n, w, streams, r),
                                 "ignore_eos": True, **variants[v]}
                         x = await stream(session, url, body, SK)
