@@ -30,6 +30,22 @@ where a server gives no usage), TTFT the first non-empty chunk, ITL the gaps bet
 
 Targets (issue 12), Sokuji / llama-server: at 8 streams tokens/s >= 1.0, TTFT p99 <= 0.5;
 idle TTFT p50 <= 1.05. (Issue 5: idle TTFT <= 1.1x direct; cached prefix <= 0.2x uncached.)
+
+Structured outputs (issue 28; ``--parts schema compile logprobs``, ``_llm_structured.py``):
+
+4. ``schema``: the same closed loops at ``--schema-streams`` (1, 8) with a bounded JSON schema
+   (OpenAI ``response_format`` to Sokuji, llama-server's native ``json_schema`` field, both on
+   /v1/completions), no ignore_eos (each answer ends with its document), every answer checked
+   with ``jsonschema``; then each server's same prompts unconstrained, ``max_tokens`` equal to
+   the tokens its constrained answer took, ignore_eos (the same work, no grammar). Targets at
+   8 streams: Sokuji json tokens/s >= 1.0x llama-server json, >= 0.95x Sokuji plain.
+5. ``compile``: TTFT one request at a time with a schema never seen (cold compile: one
+   property renamed), the warm schema again (cached) and none, fresh prompts.
+6. ``logprobs``: Sokuji's chat route with ``logprobs: true, top_logprobs: 5`` against without,
+   at ``--logprobs-streams`` (1, 8), ignore_eos, lengths as in 2: tokens/s, ITL, ms a token.
+
+    .venv/bin/python benchmarks/llm_serving.py --parts schema compile logprobs
+                     (~12 min; --quick: ~4; writes benchmarks/recorded/llm_structured.json)
 Figures depend on the CPU and what else runs on it: compare ratios from one run. Writes JSON.
 """
 
@@ -47,6 +63,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
+import _llm_structured as structured  # noqa: E402
+import machine  # noqa: E402
 from _harness import Server, free_port, percentile  # noqa: E402
 from _llama_cpp_tools import LlamaServer, find_tool, tool_version  # noqa: E402
 from _llm_direct import Direct  # noqa: E402
@@ -147,25 +165,38 @@ def plot(result: dict[str, Any], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-async def run(args: argparse.Namespace, contestants: list[Contestant], direct: Direct
+async def run(args: argparse.Namespace, contestants: list[Contestant], direct: Direct | None
               ) -> dict[str, Any]:
     async with session_() as session:  # warm all (first-request costs)
         for c in contestants:
             await c.stream(session, prompt(1, "warmup"), 8)
-    await asyncio.to_thread(direct.run, prompt(1, "warmup"), 8)
-    print(f"idle TTFT: {args.idle_samples} prompts each ...", flush=True)
-    result: dict[str, Any] = {"idle": await idle_ttft(args, contestants, direct), "load": {}}
-    for n in args.streams:
-        print(f"load: {n} streams x {args.turns} turns, {args.rounds} runs each ...",
-              flush=True)
-        result["load"][str(n)] = await load_level(args, contestants, n)
-    if args.prefix_samples:
+    result: dict[str, Any] = {}
+    if direct is not None:
+        await asyncio.to_thread(direct.run, prompt(1, "warmup"), 8)
+        print(f"idle TTFT: {args.idle_samples} prompts each ...", flush=True)
+        result["idle"] = await idle_ttft(args, contestants, direct)
+    if "load" in args.parts:
+        result["load"] = {}
+        for n in args.streams:
+            print(f"load: {n} streams x {args.turns} turns, {args.rounds} runs each ...",
+                  flush=True)
+            result["load"][str(n)] = await load_level(args, contestants, n)
+    if set(args.parts) & STRUCTURED:
+        ports = {c.name: int(c.url.split(":")[2].split("/")[0]) for c in contestants}
+        result["structured"] = await structured.run_parts(args, ports)
+    if args.prefix_samples and "prefix" in args.parts:
         print("prefix cache ...", flush=True)
         result["prefix"] = await prefix(args, contestants[0])
     return result
 
 
+STRUCTURED = {"schema", "compile", "logprobs"}
+PARTS = ["idle", "load", "prefix", *sorted(STRUCTURED)]
+
+
 def ratios(result: dict[str, Any], args: argparse.Namespace) -> dict[str, float]:
+    if "idle" not in result or "load" not in result:
+        return {}
     top = result["load"][str(max(args.streams))]
     idle = result["idle"]
     return {"tokens_per_s_at_max_streams": top[SK]["tokens_per_s"] / top[LS]["tokens_per_s"],
@@ -176,6 +207,10 @@ def ratios(result: dict[str, Any], args: argparse.Namespace) -> dict[str, float]
 
 
 def report(result: dict[str, Any], args: argparse.Namespace) -> None:
+    if "structured" in result:
+        structured.report(result["structured"], args)
+    if not result["ratios"]:
+        return
     idle, names = result["idle"], result["contestants"]
     print(f"\nidle TTFT, {args.idle_samples} prompts of ~70 tokens each (ms):")
     for name in [*names, "direct"]:
@@ -234,15 +269,33 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--prefix-samples", type=int, default=10)
     ap.add_argument("--server-core", type=int, default=1)
     ap.add_argument("--client-core", type=int, default=0)
+    ap.add_argument("--parts", nargs="+", choices=PARTS, default=["idle", "load", "prefix"],
+                    help="what to run (default: idle load prefix; the structured-output "
+                    "parts: schema compile logprobs)")
+    ap.add_argument("--schema-streams", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--schema-max-tokens", type=int, default=256, help="every bounded "
+                    "answer ends well under it (one that does not is counted invalid)")
+    ap.add_argument("--compile-samples", type=int, default=20)
+    ap.add_argument("--compile-tokens", type=int, default=2)
+    ap.add_argument("--logprobs-streams", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--speculative", choices=["ngram", "off"], default="ngram",
+                    help="Sokuji's speculative decoding (ngram: its default; llama-server "
+                    "runs none)")
     ap.add_argument("--quick", action="store_true", help="a short run for development: "
-                    "streams 1 8, 2 rounds of 2 turns, 32 tokens, 6 idle and 3 prefix samples")
+                    "streams 1 8, 2 rounds of 2 turns, 32 tokens, 6 idle and 3 prefix samples,"
+                    " 6 compile samples")
     ap.add_argument("--cache-dir", default=str(ROOT / ".cache" / "sokuji"))
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "llm_serving.json"))
+    ap.add_argument("--out", help="default: benchmarks/results/llm_serving.json, or "
+                    "benchmarks/recorded/llm_structured.json with structured parts only")
     ap.add_argument("--plot", help="write a PNG here")
     args = ap.parse_args()
     if args.quick:
         args.streams, args.rounds, args.turns, args.max_tokens = [1, 8], 2, 2, 32
-        args.idle_samples, args.prefix_samples = 6, 3
+        args.idle_samples, args.prefix_samples, args.compile_samples = 6, 3, 6
+    if args.out is None:
+        args.out = str(ROOT / "benchmarks" / (
+            "recorded/llm_structured.json" if set(args.parts) <= STRUCTURED
+            else "results/llm_serving.json"))
     return args
 
 
@@ -267,6 +320,7 @@ cache = false
 threads = {args.threads}
 slots = 8
 context_size = 2048
+speculative = "{args.speculative}"
 """)
     log = Path(args.out).with_suffix(".llama-server.log")
     peer = LlamaServer(args, binary, gguf, ls_port, slots=8, ctx_per_slot=2048, log_path=log)
@@ -289,11 +343,12 @@ context_size = 2048
         for s in servers:  # one at a time: each loads while the core is otherwise idle
             started.append(s)
             s.__enter__()
-        direct = Direct(args.server_core, gguf, args.threads)
+        direct = Direct(args.server_core, gguf, args.threads) if "idle" in args.parts else None
         try:
             result = asyncio.run(run(args, contestants, direct))
         finally:
-            direct.close()
+            if direct is not None:
+                direct.close()
     finally:
         for s in reversed(started):
             if s.proc is not None:  # (also one that never became ready)
@@ -304,7 +359,8 @@ context_size = 2048
                       "llama_server_argv": peer.argv}
     result["machine"] = {"cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d %H:%M"),
                          "loadavg_at_end": os.getloadavg(),
-                         "llama_server_version": tool_version(binary)}
+                         "llama_server_version": tool_version(binary),
+                         "probe": machine.describe()}
     report(result, args)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
