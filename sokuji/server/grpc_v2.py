@@ -30,9 +30,10 @@ Errors map to gRPC status codes as Triton's gRPC server maps them (``STATUS``)."
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
@@ -329,10 +330,62 @@ class Service(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def ModelInfer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         """One infer through the REST path's own steps (``SokujiApp.respond`` and
         ``Inference.v2_infer``, with the message in place of the body)."""
+        try:
+            response, trailing = await self.infer(request, _headers(context),
+                                                  context.time_remaining())
+        except SokujiError as error:
+            trailing = tuple((k, _ascii(v)) for k, v in error.headers.items()
+                             if k in _TRAILING)
+            await context.abort(status_of(error), error.message, trailing_metadata=trailing)
+            raise
+        context.set_trailing_metadata(trailing)
+        return response
+
+    async def ModelStreamInfer(self, requests: AsyncIterator[Any],
+                               context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        """A stream of infer requests, each answered as ``ModelInfer`` answers it, as soon as
+        it is done (requests of one stream run concurrently: they batch together); an
+        error is that request's ``error_message``, in the stream, which goes on. (One
+        response per request: generators' token streams are not served here yet.)"""
+        headers = _headers(context)
+        answers: asyncio.Queue[Any] = asyncio.Queue()
+        pending: set[asyncio.Task[None]] = set()
+
+        async def one(request: Any) -> None:
+            try:
+                response, _ = await self.infer(request, headers, context.time_remaining())
+                answers.put_nowait(service_pb2.ModelStreamInferResponse(
+                    infer_response=response))
+            except SokujiError as error:
+                answers.put_nowait(service_pb2.ModelStreamInferResponse(
+                    error_message=error.message, infer_response=service_pb2.ModelInferResponse(
+                        model_name=request.model_name, id=request.id)))
+
+        async def read() -> None:
+            async for request in requests:
+                task = asyncio.create_task(one(request))
+                pending.add(task)
+                task.add_done_callback(pending.discard)
+            while pending:  # (the client half-closed: answer what it sent)
+                await asyncio.wait(set(pending))
+            answers.put_nowait(None)
+
+        reader = asyncio.create_task(read())
+        try:
+            while (answer := await answers.get()) is not None:
+                yield answer
+            await reader
+        finally:  # cancelled (the client went away): nothing it sent goes on running
+            for task in (reader, *pending):
+                task.cancel()
+
+    async def infer(self, request: Any, headers: dict[str, str], remaining_s: float | None
+                    ) -> tuple[Any, tuple[tuple[str, str], ...]]:
+        """One ``ModelInferRequest``: its response and trailing metadata, counted as a REST
+        request is (``accounting.py``); a ``SokujiError`` (counted) if it fails."""
         app = self.app
         tl = Timeline()
         t0 = tl.start_ns
-        headers = _headers(context)
         name, version = request.model_name, request.model_version or None
         path = f"/v2/models/{name}/infer"
         trace = None if app.tracer is None else app._sample(headers)
@@ -340,14 +393,10 @@ class Service(service_pb2_grpc.GRPCInferenceServiceServicer):
             tenant = self.inference.auth.authenticate(headers)
         except SokujiError as exc:
             app.accounting.unauthorised(exc)
-            await context.abort(status_of(exc), exc.message)
             raise
-        answer: list[Any] = []
-
-        async def work() -> Any:
+        try:
             tenant.check_model(name)  # first: 403 tells nothing of other models
             model = self.repo.get_ready(name, version)
-            answer.append(model)
             if Api.INFER not in model.apis:
                 apis.require(model, Api.INFER, path)
             served = model.served
@@ -361,20 +410,18 @@ class Service(service_pb2_grpc.GRPCInferenceServiceServicer):
             decoded, inputs = await offload.run(_decode, served, request, meta) \
                 if size > v2.INLINE_MAX_BYTES else _decode(served, request, meta)
             tl.mark(Stage.DECODE)
-            _deadline(decoded, headers, context.time_remaining())
+            _deadline(decoded, headers, remaining_s)
             outputs, report = await self.inference.infer_tensors(model, decoded, inputs,
                                                                  headers, tl, tenant)
             response = encode(model.name, model.served_version, decoded.request_id, outputs,
                               decoded.outputs)
-            answer.append(report)
-            return response
-
-        def failed(error: SokujiError) -> None:
+        except ClientGone:
+            raise
+        except Exception as exc:  # noqa: BLE001 - every error, SokujiError or a bug: one mapper
+            error = to_error(exc, "gRPC", f"{SERVICE}/ModelInfer")
             app.accounting.failed(name, version, error, t0, tenant.name, trace, "infer", tl,
-                                  path)
-
-        response = await self._answer(context, work, failed, "ModelInfer")
-        model, report = answer
+                                  path, exc)
+            raise error from None
         tl.mark(Stage.ENCODE)
         timing = tl.server_timing() if not report.timing \
             else f"{tl.server_timing()}, {_render(report.timing)}"
@@ -385,9 +432,8 @@ class Service(service_pb2_grpc.GRPCInferenceServiceServicer):
             trailing.append(("x-sokuji-variant", _ascii(model.variant)))
         for key, value in (report.headers or {}).items():
             trailing.append((key.lower(), _ascii(str(value))))
-        context.set_trailing_metadata(tuple(trailing))
         app.accounting.answered(model, tenant.name, tl, "infer", name, path, trace)
-        return response
+        return response, tuple(trailing)
 
 
 def _render(timing: Any) -> str:

@@ -91,6 +91,16 @@ cache = false
 entry = "{entry}:BatchSize"
 pause_s = 0.3
 [[models]]
+name = "queue"
+runtime = "python"
+max_batch_size = 1
+max_queue_depth = 1
+inline_max_ms = 0.0
+cache = false
+[models.options]
+entry = "{entry}:BatchSize"
+pause_s = 0.4
+[[models]]
 name = "echo"
 runtime = "python"
 max_batch_size = 8
@@ -351,3 +361,57 @@ def test_port_taken(server: Server, tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "sokuji", "serve", "--config", str(config)],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0 and "grpc_port" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_overload_retry_after(server: Server) -> None:
+    """A full queue: 429 -> RESOURCE_EXHAUSTED, its Retry-After as trailing metadata."""
+    x = np.ones((1, 2), np.float32)
+
+    def rest() -> Any:
+        client = httpclient.InferenceServerClient(server.http)
+        try:
+            return client.infer("queue", _inputs(httpclient, {"x": x}), headers=dict(AUTH))
+        except InferenceServerException as exc:
+            return exc
+
+    req = service_pb2.ModelInferRequest(model_name="queue")
+    req.inputs.add(name="x", datatype="FP32", shape=[1, 2])
+    req.raw_input_contents.append(x.tobytes())
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        held = [pool.submit(rest)]
+        time.sleep(0.1)
+        held.append(pool.submit(rest))
+        time.sleep(0.1)
+        error = _raw(server.stub, req)
+        for f in held:
+            f.result()
+    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, error.details()
+    assert int(dict(error.trailing_metadata())["retry-after"]) >= 1
+    assert error.details()
+
+
+def test_stream_infer(server: Server) -> None:
+    """ModelStreamInfer (tritonclient's start_stream / async_stream_infer): one response per
+    request, equal to ModelInfer's; a bad request's error in the stream, which goes on."""
+    results: list[Any] = []
+    client = grpcclient.InferenceServerClient(server.grpc)
+    client.start_stream(callback=lambda result, error: results.append((result, error)),
+                        headers=dict(AUTH))
+    for i in range(3):
+        client.async_stream_infer("minilm", _inputs(grpcclient, {"text": TEXTS}),
+                                  request_id=f"s-{i}")
+    client.async_stream_infer("minilm", _inputs(grpcclient, {
+        "text": np.ones((2, 1), np.float32)}), request_id="bad")
+    client.async_stream_infer("strings", _inputs(grpcclient, {
+        "text": np.array(["q"], dtype=object)}), request_id="s-3")
+    client.stop_stream()
+    client.close()
+    assert len(results) == 5
+    good = {r.get_response().id: r for r, e in results if e is None}
+    errors = [e for r, e in results if e is not None]
+    assert sorted(good) == ["s-0", "s-1", "s-2", "s-3"]
+    assert len(errors) == 1 and "datatype" in errors[0].message()
+    want = server.client.infer("minilm", _inputs(grpcclient, {"text": TEXTS}),
+                               headers=dict(AUTH)).as_numpy("embedding")
+    for i in range(3):
+        np.testing.assert_allclose(good[f"s-{i}"].as_numpy("embedding"), want, atol=1e-5)
