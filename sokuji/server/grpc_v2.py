@@ -417,6 +417,10 @@ class Service(service_pb2_grpc.GRPCInferenceServiceServicer):
                               decoded.outputs)
         except ClientGone:
             raise
+        except asyncio.CancelledError:  # the call's deadline passed or its client went away:
+            if name in self.repo.models:  # (a queued request is dropped, never run)
+                app.accounting.left(name)  # 499, as a stream whose client left
+            raise
         except Exception as exc:  # noqa: BLE001 - every error, SokujiError or a bug: one mapper
             error = to_error(exc, "gRPC", f"{SERVICE}/ModelInfer")
             app.accounting.failed(name, version, error, t0, tenant.name, trace, "infer", tl,

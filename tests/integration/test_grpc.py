@@ -346,6 +346,20 @@ def test_rest_and_grpc_share_a_batch(server: Server) -> None:
             "batch", _inputs(grpcclient, {"x": x}), headers=dict(AUTH), timeout=20_000))
         held.result()
     assert code == "StatusCode.DEADLINE_EXCEEDED" and "deadline" in message.lower()
+    # the gRPC deadline is the request's: one that passes while queued never runs
+    def count() -> int:
+        stats = server.client.get_inference_statistics("batch", headers=dict(AUTH))
+        return int(stats.model_stats[0].inference_count)
+
+    before = count()
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        held = pool.submit(rest)
+        time.sleep(0.1)
+        code, _ = _status(lambda: server.client.infer(
+            "batch", _inputs(grpcclient, {"x": x}), headers=dict(AUTH), client_timeout=0.05))
+        held.result()
+    time.sleep(0.4)  # (a request wrongly kept would have run by now)
+    assert code == "StatusCode.DEADLINE_EXCEEDED" and count() == before + 1
 
 
 def test_port_taken(server: Server, tmp_path: Path) -> None:
