@@ -467,7 +467,8 @@ async def start(app: SokujiApp, control: ControlPlane, config: ServerConfig) -> 
         ("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", -1),
         ("grpc.so_reuseport", 0)])  # (a port already taken: an error, not a shared port)
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(Service(app, control), server)
-    address = f"{config.host}:{config.grpc_port}"
+    host = f"[{config.host}]" if ":" in config.host else config.host  # (IPv6)
+    address = f"{host}:{config.grpc_port}"
     cause = ""
     try:
         port = server.add_insecure_port(address)
