@@ -65,6 +65,7 @@ class Server:
         port = free_port()
         return cls(args, [sys.executable, "-m", "sokuji", "serve"], port, config=f"""
 port = {port}
+grpc_port = 0
 cache_dir = "{args.cache_dir}"
 log_level = "warning"
 [[models]]

@@ -62,6 +62,7 @@ class InProc:
 
 def sokuji_config(port: int, args: argparse.Namespace, model: str, options: str) -> str:
     return f"""port = {port}
+grpc_port = 0
 cache_dir = "{args.cache_dir}"
 log_level = "warning"
 builtin_pipelines = false

@@ -59,7 +59,8 @@ class TreeServer:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> TreeServer:
-        env = {**os.environ, "PYTHONPATH": str(self.tree)}
+        # gRPC off (both trees run at once; a tree without it ignores the variable)
+        env = {**os.environ, "PYTHONPATH": str(self.tree), "SOKUJI_GRPC_PORT": "0"}
         self.proc = subprocess.Popen(self.cmd, cwd=self.tree, env=env)
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:

@@ -100,7 +100,7 @@ def flagger(reqs: list[Req], start: float, end: float, interval: float, checks: 
 
 def server_config(port: int, tmp: str, fault: str, weight: float, args: argparse.Namespace,
                   seed: int) -> str:
-    body = [f'port = {port}\nlog_level = "info"\ncache_dir = "{tmp}"\n']
+    body = [f'port = {port}\ngrpc_port = 0\nlog_level = "info"\ncache_dir = "{tmp}"\n']
     for label, x in ROUTERS.items():
         degrade = f", degrade_after_s = {args.degrade_after_s}, {FAULTS[fault]}"
         for name, extra in ((f"v1{x}", ""), (f"v2{x}", degrade)):

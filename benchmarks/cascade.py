@@ -51,7 +51,8 @@ def server(models: str, cores: str, cache_dir: str) -> tuple[subprocess.Popen[by
     port = free_port()
     tmp = tempfile.mkdtemp(prefix="sokuji-cascade-")
     cfg = Path(tmp) / "sokuji.toml"
-    cfg.write_text(f'port = {port}\nlog_level = "warning"\ncache_dir = "{cache_dir}"\n'
+    cfg.write_text(f'port = {port}\ngrpc_port = 0\nlog_level = "warning"\n'
+                   f'cache_dir = "{cache_dir}"\n'
                    f'builtin_pipelines = false\n[cache]\nenabled = false\n'
                    f'[jobs]\nenabled = false\n{models}')
     proc = subprocess.Popen(["taskset", "-c", cores, sys.executable, "-m", "sokuji", "serve",

@@ -75,7 +75,7 @@ class Proc:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.cfg = Path(tempfile.mkstemp(suffix=".toml")[1])
-        self.cfg.write_text(f'port = {self.port}\nlog_level = "error"\n'
+        self.cfg.write_text(f'port = {self.port}\ngrpc_port = 0\nlog_level = "error"\n'
                             f'cache_dir = "{cache_dir}"\n{body}')
         self.command = ["taskset", "-c", cores, sys.executable, "-m", "sokuji", "serve",
                         "--config", str(self.cfg)]

@@ -163,6 +163,7 @@ options = {{ entry = "{ENTRY}", workers = {workers} }}
 """ for name, workers in ((MODEL, 0), (f"{MODEL}_w1", 1)))
     return f"""
 port = {port}
+grpc_port = 0
 cache_dir = "{args.cache_dir}"
 log_level = "warning"
 {models}"""

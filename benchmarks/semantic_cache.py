@@ -147,7 +147,7 @@ def server(args: argparse.Namespace, threshold: float, keys: list[tuple[str, str
            'options = { slots = 1, context_size = 512, threads = 1 }\n')
     cfg = Path(tempfile.mkdtemp(prefix="sokuji-semcache-")) / "sokuji.toml"
     cfg.write_text(
-        f'port = {port}\nlog_level = "warning"\ncache_dir = "{args.cache_dir}"\n'
+        f'port = {port}\ngrpc_port = 0\nlog_level = "warning"\ncache_dir = "{args.cache_dir}"\n'
         'builtin_pipelines = false\n[cache]\nenabled = false\n[jobs]\nenabled = false\n'
         '[[models]]\nname = "minilm"\nintra_op_threads = 1\n'
         f'[[models]]\nname = "cached"\n{llm}semantic_cache = {{ enabled = true, embedder = '

@@ -181,6 +181,7 @@ max_request_bytes = 16777216
 """ for s in specs.values())
     return f"""
 port = {port}
+grpc_port = 0
 cache_dir = "{args.cache_dir}"
 log_level = "warning"
 {models}

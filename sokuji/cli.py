@@ -133,7 +133,7 @@ def _serve(args: argparse.Namespace) -> int:
                         else "DEBUG", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     metrics = Metrics()
     repo = ModelRepository.load(config, on_batch=metrics.batch_observer)
-    app = create_app(config, repo, metrics)
+    app = create_app(config, repo, metrics, grpc=True)
     import gc
 
     # What start-up built (models, tokenizers, imported modules: millions of objects) never

@@ -7,6 +7,7 @@ A file looks like::
 
     host = "127.0.0.1"
     port = 8000
+    grpc_port = 8001            # KServe V2 over gRPC; 0: off
 
     [[models]]
     name = "minilm"
@@ -218,6 +219,12 @@ class StreamsConfig(_Table, frozen=True):
 class ServerConfig(_Table, frozen=True):
     host: str = "127.0.0.1"
     port: Annotated[int, _why("must be between 0 and 65535", ge=0, le=65535)] = 8000
+    grpc_port: Annotated[int, _why("must be between 0 and 65535", ge=0, le=65535)] = 8001
+    """KServe V2 over gRPC (``inference.GRPCInferenceService``, ``server/grpc_v2.py``) on
+    this port of ``host``, beside HTTP, in the same process and event loop (gRPC and REST
+    requests share batches); 8001 as Triton's; 0: off. Messages larger than the largest
+    ``max_request_bytes`` (the server's or a model's) are refused by gRPC before decoding.
+    Needs the ``grpc`` extra (without it: a warning, HTTP only)."""
     cache_dir: str = str(Path.home() / ".cache" / "sokuji")
     max_request_bytes: Annotated[int, Meta(ge=1024)] = 4 * 1024 * 1024
     log_level: Literal["critical", "debug", "error", "info", "trace", "warning"] = "info"

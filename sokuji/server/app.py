@@ -24,6 +24,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -297,9 +298,22 @@ def _operation(style: ErrorStyle) -> str:
     return "embeddings" if style is ErrorStyle.OPENAI else "infer"
 
 
+async def _start_grpc(app: SokujiApp, cp: ControlPlane, config: ServerConfig) -> Any:
+    """The gRPC server started (``grpc_v2.py``), or None without the ``grpc`` extra."""
+    try:
+        from sokuji.server import grpc_v2
+    except ImportError as exc:
+        log.warning("gRPC is off (grpc_port %d): %s; install sokuji[grpc]", config.grpc_port,
+                    exc)
+        return None
+    return await grpc_v2.start(app, cp, config)
+
+
 def create_app(config: ServerConfig, repo: ModelRepository,
-               metrics: Metrics | None = None) -> SokujiApp:
-    """The ASGI app over an already-loaded repository; batchers start with the lifespan."""
+               metrics: Metrics | None = None, grpc: bool = False) -> SokujiApp:
+    """The ASGI app over an already-loaded repository; batchers start with the lifespan.
+    ``grpc``: the lifespan also serves KServe V2 over gRPC on ``config.grpc_port`` (unless
+    0) in the same event loop (``grpc_v2.py``; ``sokuji serve`` asks for it)."""
     metrics = metrics or Metrics()
     tracer = tracing.build(config.tracing)  # None when off (observability/tracing.py)
     slos = {mc.name: mc.slo for mc in config.models if mc.slo is not None}
@@ -359,9 +373,13 @@ def create_app(config: ServerConfig, repo: ModelRepository,
             jobs.start(app_.respond, app_.check_job)
         cp.dashboard.start()  # the dashboard's sampler: a point a second (timeseries.py)
         control.start(config.repository_poll_s)  # (0: no polling, explicit loads only)
+        grpc_server = await _start_grpc(app_, cp, config) if grpc and config.grpc_port \
+            else None
         try:
             yield
         finally:
+            if grpc_server is not None:  # (its calls in flight get the grace period)
+                await grpc_server.stop(config.shutdown_grace_s or None)
             await cp.dashboard.stop()  # (the dashboard's sampler)
             await control.stop()  # retired versions still draining: stopped now
             if jobs is not None:

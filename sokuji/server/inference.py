@@ -27,7 +27,7 @@ from sokuji.core.model import (
     ServedModel,
 )
 from sokuji.core.request import Stage, Timeline
-from sokuji.core.tensor import InferRequest
+from sokuji.core.tensor import InferRequest, Tensor
 from sokuji.observability.metrics import Metrics
 from sokuji.repository.models import Model, ModelRepository
 from sokuji.server import apis, cache_entries, openai_api, scheduling, uploads, v2, v2_encode
@@ -84,6 +84,26 @@ class Inference:
             request = uploads.request(meta, body, headers)
             inputs = served.from_tensors(request)
         tl.mark(Stage.DECODE)
+        if form == uploads.V2:
+            outputs, report = await self.infer_tensors(model, request, inputs, headers, tl,
+                                                       tenant)
+        else:
+            return await self._infer_plain(model, request, inputs, headers, tl, tenant)
+        payload, out_headers = v2_encode.encode_infer(model.name, model.served_version,
+                                               request.request_id, outputs, request.outputs)
+        if model.variant:
+            out_headers[VARIANT_HEADER] = model.variant
+        return model, payload, out_headers, report
+
+    async def infer_tensors(self, model: Model, request: InferRequest, inputs: Any,
+                            headers: Headers, tl: Timeline, tenant: Tenant
+                            ) -> tuple[Sequence[Tensor], Report]:
+        """A decoded V2 request (``inputs``: the model's ``from_tensors`` of it) through
+        the contract: the request's context (priority, deadline, tenant), then the response
+        cache or the model (``prepare`` -> ``submit`` -> ``result()``): the output tensors
+        and the report. Every V2 infer goes through here whatever its binding (REST in
+        ``v2_infer``, gRPC in ``grpc_v2.py``), so both share admission, cache and batches."""
+        served = model.served
         ctx = scheduling.context(tenant, headers, request.parameters, tl.start_ns,
                                  model.config.default_timeout_ms, request.request_id, tl)
         parts = served.identity(inputs) if self.cache is not None and model.config.cache \
@@ -97,34 +117,39 @@ class Inference:
             result = await handle.result()
             tl.mark(Stage.POSTPROCESS)
             report = handle.report
-            if form != uploads.V2:
-                return model, _plain(model, served.to_plain(result)), {"content-type": JSON}, \
-                    report
-            outputs = served.to_tensors(result, report)
-        elif form != uploads.V2:
-            async def plain() -> tuple[Entry, Report]:
-                result, report = await call(model, served, inputs, ctx)
-                doc = _plain(model, served.to_plain(result))
-                return Entry(np.frombuffer(doc, dtype=np.uint8), 0), report
+            return served.to_tensors(result, report), report
+        meta = model.metadata
 
-            entry, report = await self._cached(model, ctx, parts, plain,
-                                               headers.get("cache-control", ""), "plain")
-            return model, entry.output.tobytes(), {"content-type": JSON}, report
-        else:
-            async def tensors() -> tuple[Entry, Report]:
-                result, report = await call(model, served, inputs, ctx)
-                return cache_entries.entry(served.to_tensors(result, report), meta,
-                                            report.input_tokens), \
-                    report
+        async def tensors() -> tuple[Entry, Report]:
+            result, report = await call(model, served, inputs, ctx)
+            return cache_entries.entry(served.to_tensors(result, report), meta,
+                                        report.input_tokens), report
 
-            entry, report = await self._cached(model, ctx, parts, tensors,
-                                               headers.get("cache-control", ""))
-            outputs = cache_entries.tensors(entry, meta)
-        payload, out_headers = v2_encode.encode_infer(model.name, model.served_version,
-                                               request.request_id, outputs, request.outputs)
-        if model.variant:
-            out_headers[VARIANT_HEADER] = model.variant
-        return model, payload, out_headers, report
+        entry, report = await self._cached(model, ctx, parts, tensors,
+                                           headers.get("cache-control", ""))
+        return cache_entries.tensors(entry, meta), report
+
+    async def _infer_plain(self, model: Model, request: InferRequest, inputs: Any,
+                           headers: Headers, tl: Timeline, tenant: Tenant) -> Answer:
+        """A plain upload (a file, a form) answered with the model's plain JSON."""
+        served = model.served
+        ctx = scheduling.context(tenant, headers, request.parameters, tl.start_ns,
+                                 model.config.default_timeout_ms, request.request_id, tl)
+        parts = served.identity(inputs) if self.cache is not None and model.config.cache \
+            else None
+        if parts is None:
+            result, report = await call(model, served, inputs, ctx)
+            return model, _plain(model, served.to_plain(result)), {"content-type": JSON}, \
+                report
+
+        async def plain() -> tuple[Entry, Report]:
+            result, report = await call(model, served, inputs, ctx)
+            doc = _plain(model, served.to_plain(result))
+            return Entry(np.frombuffer(doc, dtype=np.uint8), 0), report
+
+        entry, report = await self._cached(model, ctx, parts, plain,
+                                           headers.get("cache-control", ""), "plain")
+        return model, entry.output.tobytes(), {"content-type": JSON}, report
 
     async def openai_embeddings(self, params: dict[str, str], headers: Headers,
                                 receive: Receive, tl: Timeline, tenant: Tenant) -> Answer:

@@ -78,7 +78,7 @@ def start(body: str, tmp: Path, name: str, env: dict[str, str]) -> tuple[
         subprocess.Popen[bytes], str]:
     port = free_port()
     config = tmp / f"{name}.toml"
-    config.write_text(f'port = {port}\nlog_level = "error"\n{body}')
+    config.write_text(f'port = {port}\ngrpc_port = 0\nlog_level = "error"\n{body}')
     proc = subprocess.Popen([sys.executable, "-m", "sokuji", "serve", "--config", str(config)],
                             stdout=subprocess.DEVNULL, env=env)
     return proc, f"http://127.0.0.1:{port}"

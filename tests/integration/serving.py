@@ -41,7 +41,10 @@ def sokuji_process(config_body: str) -> Iterator[tuple[subprocess.Popen[bytes], 
         config = Path(tmp) / "sokuji.toml"
         # Each server keeps its own state (jobs.sqlite) unless the test names a cache_dir.
         own_dir = "" if "cache_dir" in config_body else f'cache_dir = "{tmp}"\n'
-        config.write_text(f"port = {port}\nlog_level = \"warning\"\n{own_dir}{config_body}")
+        # gRPC (default 8001) only where the test asks for it: servers run side by side.
+        grpc = "" if "grpc_port" in config_body else "grpc_port = 0\n"
+        config.write_text(f"port = {port}\nlog_level = \"warning\"\n{grpc}{own_dir}"
+                          f"{config_body}")
         proc = subprocess.Popen([sys.executable, "-m", "sokuji", "serve", "--config",
                                  str(config)], stdout=subprocess.DEVNULL)
         try:

@@ -84,7 +84,7 @@ def serve(body: str, cache_dir: Path | None = None) -> Iterator[Server]:
     with tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp) / "sokuji.toml"
         log = Path(tmp) / "server.log"
-        config.write_text(f'port = {port}\nlog_level = "info"\n'
+        config.write_text(f'port = {port}\ngrpc_port = 0\nlog_level = "info"\n'
                           f'cache_dir = "{cache_dir or tmp}"\n{body}')
         with log.open("wb") as sink:
             proc = subprocess.Popen([sys.executable, "-m", "sokuji", "serve", "--config",

@@ -131,7 +131,7 @@ class Process:
         self.url = f"http://127.0.0.1:{self.port}"
         self.tmp = tempfile.TemporaryDirectory()
         config = Path(self.tmp.name) / "sokuji.toml"
-        config.write_text(f'port = {self.port}\nlog_level = "error"\n'
+        config.write_text(f'port = {self.port}\ngrpc_port = 0\nlog_level = "error"\n'
                           f'cache_dir = "{self.tmp.name}"\n{body}')
         self.proc = subprocess.Popen([sys.executable, "-m", "sokuji", "serve", "--config",
                                       str(config)], stdout=subprocess.DEVNULL,

@@ -123,7 +123,7 @@ class Process:
         self.url = f"http://127.0.0.1:{self.port}"
         self.tmp = tempfile.TemporaryDirectory()
         self.config = Path(self.tmp.name) / "sokuji.toml"
-        self.config.write_text(f'port = {self.port}\nlog_level = "error"\n'
+        self.config.write_text(f'port = {self.port}\ngrpc_port = 0\nlog_level = "error"\n'
                                f'cache_dir = "{self.tmp.name}"\n{body}')
         self.proc: subprocess.Popen[bytes] | None = None
 

@@ -142,7 +142,8 @@ def server(repo: Path) -> Iterator[str]:
     ``test_warmup_data_file_and_models_beside`` loads it)."""
     port = free_port()
     toml = repo.parent / "sokuji.toml"
-    toml.write_text(f'port = {port}\nlog_level = "warning"\ncache_dir = "{repo.parent}"\n')
+    toml.write_text(f'port = {port}\ngrpc_port = 0\nlog_level = "warning"\n'
+                    f'cache_dir = "{repo.parent}"\n')
     proc = subprocess.Popen([sys.executable, "-m", "sokuji", "serve", "--config", str(toml),
                              "--model-repository", str(repo)], stdout=subprocess.DEVNULL)
     try:

@@ -346,3 +346,13 @@ def test_batcher_and_engine_defaults_are_the_schemas() -> None:
     custom = EngineConfig.from_options(LlamaOptions(n_batch=64, prefix_cache_mb=1), 7, 3.0)
     assert (custom.n_batch, custom.prefix_cache_bytes, custom.max_queue_depth,
             custom.priority_aging_ms) == (64, 1024 * 1024, 7, 3.0)
+
+
+def test_grpc_port(tmp_path: Path) -> None:
+    """KServe V2 over gRPC: 8001 as Triton's by default, 0 turns it off, from the file or
+    ``SOKUJI_GRPC_PORT``; a port out of range names the key."""
+    assert cfg.load(env={}).grpc_port == 8001
+    assert cfg.load(write(tmp_path, "grpc_port = 0\n"), env={}).grpc_port == 0
+    assert cfg.load(env={"SOKUJI_GRPC_PORT": "9001"}).grpc_port == 9001
+    with pytest.raises(ConfigError, match="grpc_port"):
+        cfg.load(write(tmp_path, "grpc_port = 70000\n"), env={})

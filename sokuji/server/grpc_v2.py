@@ -1,0 +1,484 @@
+"""KServe V2 over gRPC: ``inference.GRPCInferenceService`` from the stubs tritonclient ships
+(``tritonclient.grpc.service_pb2`` / ``service_pb2_grpc``, ``model_config_pb2``), served by
+``grpc.aio`` on ``grpc_port`` in the HTTP app's process and event loop.
+
+It is a second binding of the same path, not a second pipeline: a ``ModelInferRequest`` is
+decoded into the ``InferRequest`` of named ``Tensor``s REST decodes to (the checks of
+``v2.py``: datatype, shape against the model's metadata, element counts against the bytes
+sent), the model adapts it (``from_tensors``), and ``Inference.infer_tensors`` runs it: the
+tenant, admission, the response cache, the same batcher (gRPC and REST requests share
+batches). The request's end is counted by ``accounting.py`` as a REST request's is.
+
+- Inputs: ``raw_input_contents`` (what ``tritonclient.grpc`` always sends: one per input,
+  row-major little-endian, BYTES elements each after a 4-byte little-endian length) or the
+  typed ``contents`` fields (FP16 has none: raw only). Outputs always go back as
+  ``raw_output_contents``, as Triton's do; ``outputs`` chooses which.
+- Parameters: ``priority`` and ``timeout`` (microseconds) as REST's; the gRPC deadline bounds
+  the request too (the sooner of the two is its deadline).
+- Metadata: ``authorization: Bearer <key>`` or ``x-api-key`` (the same keys and tenants),
+  ``x-sokuji-priority``, ``x-sokuji-timeout-ms``, ``traceparent``. Trailing metadata:
+  ``server-timing`` (the REST header's stages), ``x-sokuji-served-by``, ``retry-after`` on
+  RESOURCE_EXHAUSTED (429).
+- Messages larger than the largest ``max_request_bytes`` (the server's, any model's) are
+  refused by gRPC before they are parsed (RESOURCE_EXHAUSTED); one over its own model's limit
+  is refused before it is decoded.
+- Who may see what follows the control plane (``control.py``): liveness, readiness and server
+  metadata are open; a model's metadata, readiness and configuration need a key that may use
+  it when ``models_require_key``; statistics need an ``admin`` key.
+
+Errors map to gRPC status codes as Triton's gRPC server maps them (``STATUS``)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import grpc
+import numpy as np
+from google.protobuf import json_format
+from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
+
+from sokuji import __version__
+from sokuji.core import offload
+from sokuji.core.model import Api, ModelMetadata, ServedModel, TensorSpec
+from sokuji.core.request import Stage, Timeline
+from sokuji.core.tensor import BYTES, DATATYPES, DTYPES, InferRequest, Tensor
+from sokuji.errors import InvalidInput, PayloadTooLarge, SokujiError
+from sokuji.server import apis, scheduling, triton, v2, v2_encode
+from sokuji.server.failures import to_error
+from sokuji.server.http import ClientGone
+
+if TYPE_CHECKING:
+    from sokuji.config import ServerConfig
+    from sokuji.server.app import SokujiApp
+    from sokuji.server.control import ControlPlane
+
+log = logging.getLogger(__name__)
+SERVICE = "/inference.GRPCInferenceService"
+STATUS: Mapping[int, grpc.StatusCode] = {
+    400: grpc.StatusCode.INVALID_ARGUMENT, 401: grpc.StatusCode.UNAUTHENTICATED,
+    403: grpc.StatusCode.PERMISSION_DENIED, 404: grpc.StatusCode.NOT_FOUND,
+    405: grpc.StatusCode.UNIMPLEMENTED, 408: grpc.StatusCode.DEADLINE_EXCEEDED,
+    409: grpc.StatusCode.ALREADY_EXISTS, 413: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    415: grpc.StatusCode.INVALID_ARGUMENT, 422: grpc.StatusCode.INVALID_ARGUMENT,
+    429: grpc.StatusCode.RESOURCE_EXHAUSTED, 500: grpc.StatusCode.INTERNAL,
+    501: grpc.StatusCode.UNIMPLEMENTED, 502: grpc.StatusCode.INTERNAL,
+    503: grpc.StatusCode.UNAVAILABLE, 504: grpc.StatusCode.DEADLINE_EXCEEDED}
+"""The HTTP status of an error -> its gRPC status code (Triton's mapping where it has one;
+any other 4xx: INVALID_ARGUMENT, 5xx: INTERNAL)."""
+_TRAILING = ("retry-after", "www-authenticate")
+"""An error's headers that go back as trailing metadata."""
+_CONTENTS = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents",
+             "INT32": "int_contents", "INT64": "int64_contents", "UINT8": "uint_contents",
+             "UINT16": "uint_contents", "UINT32": "uint_contents",
+             "UINT64": "uint64_contents", "FP32": "fp32_contents", "FP64": "fp64_contents",
+             BYTES: "bytes_contents"}
+"""The typed ``contents`` field of each datatype (FP16 has none: raw contents only)."""
+T = TypeVar("T")
+
+
+def status_of(error: SokujiError) -> grpc.StatusCode:
+    code = STATUS.get(error.status)
+    if code is not None:
+        return code
+    return grpc.StatusCode.INVALID_ARGUMENT if error.status < 500 else grpc.StatusCode.INTERNAL
+
+
+def message_limit(config: ServerConfig) -> int:
+    """The largest message gRPC takes: the largest request body limit of any model."""
+    return max([config.max_request_bytes,
+                *(m.max_request_bytes or 0 for m in config.models)])
+
+
+# -- decoding ------------------------------------------------------------------------------
+
+def parameters(params: Mapping[str, Any]) -> dict[str, Any]:
+    """``InferParameter``s as plain values (what REST's JSON parameters are)."""
+    out: dict[str, Any] = {}
+    for key, param in params.items():
+        choice = param.WhichOneof("parameter_choice")
+        out[key] = getattr(param, choice) if choice is not None else None
+    return out
+
+
+def decode(req: Any, meta: ModelMetadata) -> InferRequest:
+    """A ``ModelInferRequest`` as the ``InferRequest`` REST decodes to, checked the same way
+    (``v2.py``), or ``InvalidInput`` naming the field."""
+    raw = req.raw_input_contents
+    if raw and len(raw) != len(req.inputs):
+        raise InvalidInput(f"{len(raw)} raw_input_contents for {len(req.inputs)} inputs: "
+                           "send one per input, or none (typed contents)",
+                           param="raw_input_contents")
+    if not req.inputs and not meta.open:
+        required = [s.name for s in meta.inputs if not s.optional]
+        needs = f" (the model needs input '{required[0]}')" if required else ""
+        raise InvalidInput(f"'inputs' must be a non-empty list{needs}", param="inputs")
+    size = req.ByteSize()
+    inputs: dict[str, Tensor] = {}
+    for i, tensor in enumerate(req.inputs):
+        name = tensor.name
+        spec = v2._spec(meta, name) if not meta.open else TensorSpec(
+            name, tensor.datatype, (-1,) * len(tensor.shape))
+        if spec is None:
+            known = ", ".join(s.name for s in meta.inputs) or "no inputs"
+            raise InvalidInput(f"unexpected input {v2.brief(name)}; the model takes: {known}",
+                               param="inputs")
+        if name in inputs:
+            raise InvalidInput(f"input '{name}' given twice", param="inputs")
+        inputs[name] = _tensor(tensor, spec, raw[i] if raw else None, size)
+    missing = [s.name for s in meta.inputs if not s.optional and s.name not in inputs] \
+        if not meta.open else []
+    if missing:
+        raise InvalidInput(f"the model needs input '{missing[0]}'", param=missing[0])
+    outputs = [{"name": o.name} for o in req.outputs] if req.outputs else None
+    return InferRequest(inputs, req.id, parameters(req.parameters),
+                        v2._requested_outputs(outputs, meta, True))
+
+
+def _tensor(tensor: Any, spec: TensorSpec, raw: bytes | None, size: int) -> Tensor:
+    name, datatype = spec.name, tensor.datatype
+    if datatype not in DATATYPES:
+        raise InvalidInput(f"input '{name}' has unsupported datatype {v2.brief(datatype)} "
+                           f"(the KServe datatypes: {', '.join(sorted(DATATYPES))})",
+                           param=f"inputs.{name}.datatype")
+    if datatype != spec.datatype:
+        raise InvalidInput(f"input '{name}' has datatype {v2.brief(datatype)}; expected "
+                           f"{spec.datatype}", param=f"inputs.{name}.datatype")
+    shape = tuple(tensor.shape)
+    if any(d < 0 for d in shape):
+        raise InvalidInput(f"input '{name}' has shape {list(shape)}; expected non-negative "
+                           "dimensions", param=f"inputs.{name}.shape")
+    count = v2._count(shape, size)
+    if raw is not None:
+        if tensor.HasField("contents"):
+            raise InvalidInput(f"input '{name}' has both raw_input_contents and contents",
+                               param=f"inputs.{name}.contents")
+        if datatype != BYTES and len(raw) != count * DTYPES[datatype].itemsize:
+            raise InvalidInput(
+                f"input '{name}': raw content of {len(raw)} bytes does not match shape "
+                f"{list(shape)} x {datatype} ({count} elements x "
+                f"{DTYPES[datatype].itemsize} bytes = {count * DTYPES[datatype].itemsize})",
+                param=f"inputs.{name}.raw_input_contents")
+        data = v2.binary_data(name, datatype, shape, count, memoryview(raw))
+    else:
+        data = _contents(name, datatype, shape, count, tensor.contents)
+    if not v2._fits(shape, spec.shape):
+        raise InvalidInput(f"input '{name}' has shape {list(shape)}; expected "
+                           f"{v2._expected(spec.shape)} (-1: any size)",
+                           param=f"inputs.{name}.shape")
+    return Tensor(name, datatype, shape, data, parameters(tensor.parameters), binary=True)
+
+
+def _contents(name: str, datatype: str, shape: tuple[int, ...], count: int,
+              contents: Any) -> Any:
+    """An input's typed ``contents`` as an array (BYTES: a list of ``bytes``)."""
+    field = _CONTENTS.get(datatype)
+    if field is None:
+        raise InvalidInput(f"input '{name}' is {datatype}, which has no typed contents: send "
+                           "it in raw_input_contents", param=f"inputs.{name}.contents")
+    values = getattr(contents, field)
+    if len(values) != count:
+        raise InvalidInput(f"input '{name}' has shape {list(shape)} with {len(values)} "
+                           f"elements in contents.{field}; the shape does not match its data",
+                           param=f"inputs.{name}.contents")
+    if datatype == BYTES:
+        return list(values)
+    dtype = DTYPES[datatype]
+    if dtype.kind in "iu" and dtype.itemsize < 4 and values:
+        wide = np.asarray(values, dtype=np.int64)
+        info = np.iinfo(dtype)
+        if wide.min() < info.min or wide.max() > info.max:
+            raise InvalidInput(f"input '{name}' has an element out of the range of "
+                               f"{datatype}", param=f"inputs.{name}.contents")
+        return wide.astype(dtype).reshape(shape)
+    return np.asarray(values, dtype=dtype).reshape(shape)
+
+
+def _decode(served: ServedModel, req: Any, meta: ModelMetadata) -> tuple[InferRequest, Any]:
+    """The message as a V2 request and as the model's inputs (on any thread)."""
+    request = decode(req, meta)
+    return request, served.from_tensors(request)
+
+
+# -- encoding ------------------------------------------------------------------------------
+
+def encode(model_name: str, version: str, request_id: str, outputs: Sequence[Tensor],
+           wanted: Mapping[str, bool]) -> Any:
+    """A ``ModelInferResponse``: the outputs ``wanted`` names, each as a raw content."""
+    response = service_pb2.ModelInferResponse(model_name=model_name, model_version=version,
+                                              id=request_id)
+    for tensor in outputs:
+        if wanted.get(tensor.name) is None:  # (an open model's: every output it gives)
+            continue
+        response.outputs.add(name=tensor.name, datatype=tensor.datatype,
+                             shape=tensor.shape)
+        response.raw_output_contents.append(v2_encode._blob(tensor))
+    return response
+
+
+def metadata_response(doc: Mapping[str, Any]) -> Any:
+    """``v2_encode.model_metadata``'s body as a ``ModelMetadataResponse``."""
+    tensor = service_pb2.ModelMetadataResponse.TensorMetadata
+    return service_pb2.ModelMetadataResponse(
+        name=doc["name"], versions=doc["versions"], platform=doc["platform"],
+        inputs=[tensor(**t) for t in doc["inputs"]],
+        outputs=[tensor(**t) for t in doc["outputs"]])
+
+
+# -- the service ---------------------------------------------------------------------------
+
+def _headers(context: grpc.aio.ServicerContext) -> dict[str, str]:
+    """The call's metadata as REST's headers are seen (``-bin`` keys left out)."""
+    return {k: v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)}
+
+
+def _ascii(value: str) -> str:
+    return value.encode("ascii", "replace").decode("ascii")
+
+
+class Service(service_pb2_grpc.GRPCInferenceServiceServicer):
+    """``inference.GRPCInferenceService`` over the HTTP app's own objects."""
+
+    def __init__(self, app: SokujiApp, control: ControlPlane) -> None:
+        self.app = app
+        self.control = control
+        self.inference = app.inference
+        self.repo = app.inference.repo
+        self.config = app.inference.config
+
+    async def _answer(self, context: grpc.aio.ServicerContext, work: Callable[[], Awaitable[T]],
+                      failed: Callable[[SokujiError], None] | None = None,
+                      method: str = "") -> T:
+        """``work()``, or the call aborted with its error's status, message and headers."""
+        try:
+            return await work()
+        except (ClientGone, grpc.aio.AbortError, KeyboardInterrupt):
+            raise
+        except Exception as exc:  # noqa: BLE001 - every error, SokujiError or a bug: one mapper
+            error = to_error(exc, "gRPC", f"{SERVICE}/{method}")
+            if failed is not None:
+                failed(error)
+        trailing = tuple((k, _ascii(v)) for k, v in error.headers.items() if k in _TRAILING)
+        await context.abort(status_of(error), error.message, trailing_metadata=trailing)
+        raise AssertionError("unreachable")  # (abort raises)
+
+    def _model(self, headers: Mapping[str, str], name: str, version: str) -> Any:
+        """The model (version) named, once the caller may see it (``control.py``'s rule)."""
+        if self.control._guarded():
+            self.inference.auth.authenticate(headers).check_model(name)
+        return self.repo.get(name, version or None)
+
+    async def ServerLive(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return service_pb2.ServerLiveResponse(live=True)
+
+    async def ServerReady(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return service_pb2.ServerReadyResponse(ready=self.repo.ready)
+
+    async def ServerMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        from sokuji.server.control import EXTENSIONS
+
+        return service_pb2.ServerMetadataResponse(name="sokuji", version=__version__,
+                                                  extensions=list(EXTENSIONS))
+
+    async def ModelReady(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def work() -> Any:
+            model = self._model(_headers(context), request.name, request.version)
+            return service_pb2.ModelReadyResponse(ready=model.ready)
+
+        return await self._answer(context, work, method="ModelReady")
+
+    async def ModelMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def work() -> Any:
+            model = self._model(_headers(context), request.name, request.version)
+            versions = triton.versions(self.repo.models[model.name])
+            return metadata_response(v2_encode.model_metadata(model.name, versions,
+                                                              triton.metadata(model)))
+
+        return await self._answer(context, work, method="ModelMetadata")
+
+    async def ModelConfig(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def work() -> Any:
+            model = self._model(_headers(context), request.name, request.version)
+            doc = triton.model_config(model, self.repo.models[model.name],
+                                      self.config.cache.enabled)
+            config = json_format.ParseDict(doc, model_config_pb2.ModelConfig(),
+                                           ignore_unknown_fields=True)
+            return service_pb2.ModelConfigResponse(config=config)
+
+        return await self._answer(context, work, method="ModelConfig")
+
+    async def ModelStatistics(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def work() -> Any:
+            self.inference.auth.admin(_headers(context), "statistics")
+            if not request.name:
+                models = list(self.repo.every())
+            elif request.version:
+                models = [self.repo.get(request.name, request.version)]
+            else:
+                models = self.repo.get(request.name).all()
+            metrics = self.inference.metrics
+            doc = {"model_stats": [triton.model_stats(m, metrics.model_stats(m.metric_name))
+                                   for m in models]}
+            return json_format.ParseDict(doc, service_pb2.ModelStatisticsResponse(),
+                                         ignore_unknown_fields=True)
+
+        return await self._answer(context, work, method="ModelStatistics")
+
+    async def ModelInfer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        """One infer through the REST path's own steps (``SokujiApp.respond`` and
+        ``Inference.v2_infer``, with the message in place of the body)."""
+        try:
+            response, trailing = await self.infer(request, _headers(context),
+                                                  context.time_remaining())
+        except SokujiError as error:
+            trailing = tuple((k, _ascii(v)) for k, v in error.headers.items()
+                             if k in _TRAILING)
+            await context.abort(status_of(error), error.message, trailing_metadata=trailing)
+            raise
+        context.set_trailing_metadata(trailing)
+        return response
+
+    async def ModelStreamInfer(self, requests: AsyncIterator[Any],
+                               context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        """A stream of infer requests, each answered as ``ModelInfer`` answers it, as soon as
+        it is done (requests of one stream run concurrently: they batch together); an
+        error is that request's ``error_message``, in the stream, which goes on. (One
+        response per request: generators' token streams are not served here yet.)"""
+        headers = _headers(context)
+        answers: asyncio.Queue[Any] = asyncio.Queue()
+        pending: set[asyncio.Task[None]] = set()
+
+        async def one(request: Any) -> None:
+            try:
+                response, _ = await self.infer(request, headers, context.time_remaining())
+                answers.put_nowait(service_pb2.ModelStreamInferResponse(
+                    infer_response=response))
+            except SokujiError as error:
+                answers.put_nowait(service_pb2.ModelStreamInferResponse(
+                    error_message=error.message, infer_response=service_pb2.ModelInferResponse(
+                        model_name=request.model_name, id=request.id)))
+
+        async def read() -> None:
+            async for request in requests:
+                task = asyncio.create_task(one(request))
+                pending.add(task)
+                task.add_done_callback(pending.discard)
+            while pending:  # (the client half-closed: answer what it sent)
+                await asyncio.wait(set(pending))
+            answers.put_nowait(None)
+
+        reader = asyncio.create_task(read())
+        try:
+            while (answer := await answers.get()) is not None:
+                yield answer
+            await reader
+        finally:  # cancelled (the client went away): nothing it sent goes on running
+            for task in (reader, *pending):
+                task.cancel()
+
+    async def infer(self, request: Any, headers: dict[str, str], remaining_s: float | None
+                    ) -> tuple[Any, tuple[tuple[str, str], ...]]:
+        """One ``ModelInferRequest``: its response and trailing metadata, counted as a REST
+        request is (``accounting.py``); a ``SokujiError`` (counted) if it fails."""
+        app = self.app
+        tl = Timeline()
+        t0 = tl.start_ns
+        name, version = request.model_name, request.model_version or None
+        path = f"/v2/models/{name}/infer"
+        trace = None if app.tracer is None else app._sample(headers)
+        try:
+            tenant = self.inference.auth.authenticate(headers)
+        except SokujiError as exc:
+            app.accounting.unauthorised(exc)
+            raise
+        try:
+            tenant.check_model(name)  # first: 403 tells nothing of other models
+            model = self.repo.get_ready(name, version)
+            if Api.INFER not in model.apis:
+                apis.require(model, Api.INFER, path)
+            served = model.served
+            served.check_admission()
+            size = request.ByteSize()
+            limit = self.inference.limit(model)
+            if size > limit:
+                raise PayloadTooLarge(f"request of {size} bytes is over model '{name}''s "
+                                      f"limit of {limit} bytes (max_request_bytes)")
+            meta = model.metadata
+            decoded, inputs = await offload.run(_decode, served, request, meta) \
+                if size > v2.INLINE_MAX_BYTES else _decode(served, request, meta)
+            tl.mark(Stage.DECODE)
+            _deadline(decoded, headers, remaining_s)
+            outputs, report = await self.inference.infer_tensors(model, decoded, inputs,
+                                                                 headers, tl, tenant)
+            response = encode(model.name, model.served_version, decoded.request_id, outputs,
+                              decoded.outputs)
+        except ClientGone:
+            raise
+        except asyncio.CancelledError:  # the call's deadline passed or its client went away:
+            if name in self.repo.models:  # (a queued request is dropped, never run)
+                app.accounting.left(name)  # 499, as a stream whose client left
+            raise
+        except Exception as exc:  # noqa: BLE001 - every error, SokujiError or a bug: one mapper
+            error = to_error(exc, "gRPC", f"{SERVICE}/ModelInfer")
+            app.accounting.failed(name, version, error, t0, tenant.name, trace, "infer", tl,
+                                  path, exc)
+            raise error from None
+        tl.mark(Stage.ENCODE)
+        timing = tl.server_timing() if not report.timing \
+            else f"{tl.server_timing()}, {_render(report.timing)}"
+        trailing = [("server-timing", _ascii(timing))]
+        if report.served_by:
+            trailing.append(("x-sokuji-served-by", _ascii(report.served_by)))
+        if model.variant:
+            trailing.append(("x-sokuji-variant", _ascii(model.variant)))
+        for key, value in (report.headers or {}).items():
+            trailing.append((key.lower(), _ascii(str(value))))
+        app.accounting.answered(model, tenant.name, tl, "infer", name, path, trace)
+        return response, tuple(trailing)
+
+
+def _render(timing: Any) -> str:
+    from sokuji.core import timing as timings
+
+    return timings.render(timing)
+
+
+def _deadline(request: InferRequest, headers: Mapping[str, str],
+              remaining_s: float | None) -> None:
+    """The gRPC deadline as the request's ``timeout`` parameter (microseconds), where it is
+    sooner than the one asked for; ``x-sokuji-timeout-ms`` metadata, if sent, rules as on
+    REST."""
+    if remaining_s is None or scheduling.TIMEOUT_HEADER in headers:
+        return
+    micros = max(remaining_s, 1e-6) * 1e6
+    asked = request.parameters.get("timeout")
+    if asked is None or (isinstance(asked, (int, float)) and not isinstance(asked, bool)
+                         and math.isfinite(asked) and asked > micros):
+        request.parameters["timeout"] = micros
+
+
+async def start(app: SokujiApp, control: ControlPlane, config: ServerConfig) -> grpc.aio.Server:
+    """The gRPC server on ``config.grpc_port``, started (in the running event loop)."""
+    limit = message_limit(config)
+    server = grpc.aio.server(options=[
+        ("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", -1),
+        ("grpc.so_reuseport", 0)])  # (a port already taken: an error, not a shared port)
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(Service(app, control), server)
+    host = f"[{config.host}]" if ":" in config.host else config.host  # (IPv6)
+    address = f"{host}:{config.grpc_port}"
+    cause = ""
+    try:
+        port = server.add_insecure_port(address)
+    except RuntimeError as exc:
+        port, cause = 0, f": {exc}"
+    if not port:
+        from sokuji.errors import ConfigError
+
+        raise ConfigError.for_key("grpc_port", config.grpc_port,
+                                  f"cannot listen on {address} (in use?){cause}")
+    await server.start()
+    log.info("KServe V2 over gRPC on %s", address)
+    return server
