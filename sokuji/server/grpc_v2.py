@@ -53,7 +53,6 @@ from sokuji.server.http import ClientGone
 
 if TYPE_CHECKING:
     from sokuji.config import ServerConfig
-    from sokuji.server.app import SokujiApp
     from sokuji.server.control import ControlPlane
 
 log = logging.getLogger(__name__)
@@ -242,7 +241,7 @@ def _ascii(value: str) -> str:
 class Service(service_pb2_grpc.GRPCInferenceServiceServicer):
     """``inference.GRPCInferenceService`` over the HTTP app's own objects."""
 
-    def __init__(self, app: SokujiApp, control: ControlPlane) -> None:
+    def __init__(self, app: Any, control: ControlPlane) -> None:
         self.app = app
         self.control = control
         self.inference = app.inference
@@ -460,7 +459,7 @@ def _deadline(request: InferRequest, headers: Mapping[str, str],
         request.parameters["timeout"] = micros
 
 
-async def start(app: SokujiApp, control: ControlPlane, config: ServerConfig) -> grpc.aio.Server:
+async def start(app: Any, control: ControlPlane, config: ServerConfig) -> grpc.aio.Server:
     """The gRPC server on ``config.grpc_port``, started (in the running event loop)."""
     limit = message_limit(config)
     server = grpc.aio.server(options=[
