@@ -39,7 +39,15 @@ from typing import Any
 
 import numpy as np
 
-from sokuji.routing.threshold_fit import Scored, fit_escalation, fit_quality, row, table
+from sokuji.routing.threshold_fit import (
+    Scored,
+    fit_escalation,
+    fit_quality,
+    held_out,
+    row,
+    save,
+    table,
+)
 
 
 def _generates(model: Any) -> bool:
@@ -153,14 +161,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.test:
         t_texts, t_labels = read_labelled(args.test)
         tsc = score(small, large, t_texts, t_labels)
-        result["test"] = {**asdict(row(tsc, theta, ratio)), "n": len(t_texts),
-                          "small_accuracy": float(tsc.small_ok.mean()),
-                          "large_accuracy": float(tsc.large_ok.mean())}
+        result["test"] = held_out(tsc, theta, ratio)
     out = Path(args.out) if args.out else calibration_path(config.cache_dir, args.router)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
-    if args.json:
-        print(json.dumps(result, indent=2))
+    if save(result, out, args.json):
         return 0
     console.print(table(sweep, f"{args.router}: calibration set, {len(texts)} queries "
                         f"(small {sc.small_ok.mean():.3f}, large {sc.large_ok.mean():.3f}; "

@@ -23,7 +23,15 @@ from typing import Any
 
 import numpy as np
 
-from sokuji.routing.threshold_fit import Scored, fit_escalation, fit_quality, row, table
+from sokuji.routing.threshold_fit import (
+    Scored,
+    fit_escalation,
+    fit_quality,
+    held_out,
+    row,
+    save,
+    table,
+)
 
 
 def read_questions(path: str | Path) -> tuple[list[str], list[list[str]]]:
@@ -138,14 +146,9 @@ def calibrate_generation(args: argparse.Namespace, config: Any, opts: Any, conso
         t_texts, t_answers = read_questions(args.test)
         tsc, _, _, _ = asyncio.run(_score(only, targets, t_texts, t_answers, args.max_tokens,
                                           console))
-        result["test"] = {**asdict(row(tsc, theta, ratio)), "n": len(t_texts),
-                          "small_accuracy": float(tsc.small_ok.mean()),
-                          "large_accuracy": float(tsc.large_ok.mean())}
+        result["test"] = held_out(tsc, theta, ratio)
     out = Path(args.out) if args.out else calibration_path(config.cache_dir, args.router)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
-    if args.json:
-        print(json.dumps(result, indent=2))
+    if save(result, out, args.json):
         return 0
     console.print(table(sweep, f"{args.router}: {len(texts)} questions (small "
                         f"{sc.small_ok.mean():.3f}, large {sc.large_ok.mean():.3f} right; "

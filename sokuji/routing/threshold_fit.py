@@ -7,8 +7,10 @@ escalation rate, compute cost and misroutes follow without running anything agai
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -93,3 +95,20 @@ def table(rows: Sequence[Row], title: str) -> Any:
                   f"{r.of_large:.3f}", f"{r.cost_of_large:.3f}", str(r.easy_escalated),
                   str(r.hard_kept))
     return t
+
+
+def held_out(sc: Scored, theta: float, cost_ratio: float) -> dict[str, Any]:
+    """The chosen θ on a held-out set (``--test``)."""
+    return {**asdict(row(sc, theta, cost_ratio)), "n": len(sc.margin),
+            "small_accuracy": float(sc.small_ok.mean()),
+            "large_accuracy": float(sc.large_ok.mean())}
+
+
+def save(result: dict[str, Any], out: Path, as_json: bool) -> bool:
+    """Write the result where the router reads it; print it too with ``--json`` (True:
+    printed, nothing more to show)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    if as_json:
+        print(json.dumps(result, indent=2))
+    return as_json
