@@ -69,7 +69,7 @@ def _constraint(inputs: GenerationInput) -> Any:
     """The grammar the output must follow: the request's (``response_format``, ``grammar``,
     ``json_schema``), or its tools' (``llm/tools.tool_grammar``), or None."""
     if inputs.tools is not None:
-        from sokuji.llm.grammar import GrammarSpec
+        from sokuji.llm.grammar_spec import GrammarSpec
         from sokuji.llm.tools import tool_grammar
 
         lark = tool_grammar(inputs.tools)

@@ -178,7 +178,7 @@ def _constraint(doc: dict[str, Any]) -> Any:
     """The output's constraint: OpenAI's ``response_format``, or llama-server's ``grammar``
     (GBNF) or ``json_schema``; at most one of them (``llm/grammar.py`` checks each, cheaply:
     nothing is compiled here)."""
-    from sokuji.llm import grammar
+    from sokuji.llm import grammar_spec as grammar
 
     specs = [s for s in (grammar.parse_response_format(doc.get("response_format")),
                          grammar.parse_gbnf(doc.get("grammar")),
