@@ -92,3 +92,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
     """The Ray tests' cluster stops as soon as the next test does not use it."""
     stop_unless_needed(item, nextitem)
+
+
+REDIS_SKIP = "SOKUJI_TEST_REDIS_URL not set"
+"""The start of every Redis-backed test's skip reason (counted by the summary below)."""
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    url = os.environ.get("SOKUJI_TEST_REDIS_URL")
+    return f"redis: {url}" if url else (
+        "redis: SOKUJI_TEST_REDIS_URL not set: the Redis-backed tests will be SKIPPED "
+        "(`make test` starts one; or `make redis` and SOKUJI_TEST_REDIS_URL=redis://127.0.0.1:6399/0)")
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config
+                            ) -> None:
+    """A run without Redis says so loudly at its end: how many tests it skipped for it."""
+    skipped = [r for r in terminalreporter.stats.get("skipped", [])
+               if REDIS_SKIP in str(getattr(r, "longrepr", ""))]
+    if skipped:
+        terminalreporter.write_sep(
+            "!", f"{len(skipped)} Redis-backed tests SKIPPED: SOKUJI_TEST_REDIS_URL not set "
+            "(`make test` runs them against a real Redis)", red=True, bold=True)

@@ -61,8 +61,10 @@ def test_plan_from_real_bench_results(benched: tuple[str, list[str]], tmp_path: 
     # the batcher's settings came from the server, not from defaults
     assert (fit["max_batch_size"], fit["queue_depth"]) == (8, 64)
     assert not [n for n in fit["notes"] if "not given" in n]
-    # a lone request: 4 + 1 ms of sleep plus the server's own work
-    assert 5.0 <= fit["inline_ms"] <= 9.0
+    # A lone request: at least the model's 4 + 1 ms of sleep; at most what the client saw of
+    # lone requests in the same run (its p99: the client's side comes on top of the server's).
+    lone = json.loads(Path(paths[0]).read_text())["summary"]["latency_ms"]
+    assert 5.0 <= fit["inline_ms"] <= lone["p99"], (fit["inline_ms"], lone)
     measured = json.loads(Path(paths[1]).read_text())["summary"]["throughput_rps"]
     # the fit reproduces the capacity run it was fitted to
     check = next(c for c in doc["fit_check"] if "c=24" in c["run"])

@@ -312,6 +312,7 @@ def callback_outcome(client: TestClient, location: str, headers: dict[str, str] 
         outcome = client.get(location, headers=headers).json()["callback"]
         if outcome != "pending":
             return str(outcome)
+        time.sleep(0.01)  # (a poll, not a spin: the delivery needs the core too)
     raise TimeoutError(location)
 
 
