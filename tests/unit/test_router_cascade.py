@@ -1,6 +1,8 @@
-"""The classifier cascade's handle (``routing/submission.py`` ``RouteSubmission._cascade``)
-over two stand-in classifiers whose scores the test sets per text: which items escalate,
-how the large one's rows merge back, and what happens when the large one cannot answer.
+"""The cascade's handles (``routing/submission.py``) over stand-in models whose answers the
+test sets: for classifiers (``RouteSubmission._cascade``), which items escalate, how the
+large one's rows merge back, and what happens when the large one cannot answer; for
+generators (``RouteGeneration._cascade``), the same decision on the answer's mean token
+log-probability, and the small answer standing when the large one fails.
 (The real classifiers and ``sokuji route calibrate``: ``tests/integration/
 test_classifier_cascade.py``.)"""
 
@@ -8,17 +10,19 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pytest
 
-from sokuji.core.model import Report, RequestContext
+from sokuji.core.events import Delta, Finish, TokenLogprob
+from sokuji.core.model import GenerationInput, Report, RequestContext
 from sokuji.core.request import Priority
 from sokuji.errors import InvalidInput, RuntimeFailed, SokujiError
 from sokuji.routing.attempts import Attempts, PreparedRoute, RouteInfo, Target
 from sokuji.routing.breaker import Breaker
 from sokuji.routing.config import BreakerOptions, RouterOptions
-from sokuji.routing.submission import RouteSubmission
+from sokuji.routing.submission import RouteGeneration, RouteSubmission
 
 THRESHOLD = 0.25
 
@@ -165,3 +169,93 @@ def test_the_handle_counts_itself_out_when_cancelled() -> None:
     handle.cancel()
     handle.cancel()
     assert router.in_flight == 0
+
+
+# -- the generation cascade (``RouteGeneration._cascade``) --------------------------------------
+class Stream:
+    """A generation's events: ``text`` in one delta, each token's log-probability ``lp``."""
+
+    def __init__(self, model: Generator) -> None:
+        self.model = model
+        self.timing = None
+        self.sent = False
+
+    async def next_events(self) -> list[Any]:
+        m = self.model
+        if m.fail is not None:
+            return [Finish("error", 0, m.fail)]
+        if self.sent:
+            return []
+        self.sent = True
+        lps = tuple(TokenLogprob(c, c.encode(), m.lp, i) for i, c in enumerate(m.text))
+        return [Delta(m.text, len(m.text), lps), Finish("stop", len(m.text))]
+
+    def cancel(self) -> None:
+        pass
+
+
+@dataclass
+class Generator:
+    text: str
+    lp: float
+    fail: SokujiError | None = None
+    asked: list[Any] = field(default_factory=list)
+
+    async def prepare(self, req: Any, ctx: RequestContext) -> Any:
+        self.asked.append(req)
+        return req
+
+    def submit(self, req: Any, ctx: RequestContext) -> Stream:
+        return Stream(self)
+
+
+def _question(logprobs: int | None = None) -> GenerationInput:
+    return GenerationInput(True, [{"role": "user", "content": "capital of France?"}], None,
+                           8, "max_tokens", 0, False, 0.0, 1.0, (), None, logprobs=logprobs)
+
+
+async def generate(small: Generator, large: Generator, logprobs: int | None = None
+                   ) -> tuple[list[Any], RouteInfo]:
+    router = Router(small, large)  # type: ignore[arg-type]
+    router.threshold = -1.0  # a mean token log-probability below it escalates
+    prepared = PreparedRoute(_question(logprobs), 18, "chat")
+    ctx = RequestContext("t", Priority.INTERACTIVE, None, time.perf_counter_ns())
+    handle = RouteGeneration(router, prepared, ctx)  # type: ignore[arg-type]
+    events: list[Any] = []
+    while not events or not isinstance(events[-1], Finish):
+        events += await handle.next_events()
+    assert router.in_flight == 0
+    return events, prepared.route
+
+
+def _text(events: list[Any]) -> str:
+    return "".join(e.text for e in events if isinstance(e, Delta))
+
+
+async def test_a_generation_escalates_below_the_threshold_and_stands_at_or_above_it() -> None:
+    """Kills the mutants: escalating at the threshold (``>`` for ``>=``) or never."""
+    for lp in (-0.2, -1.0):  # above; at the threshold itself
+        events, info = await generate(Generator("Paris", lp), Generator("Lyon", -0.1))
+        assert _text(events) == "Paris" and info.reason == "cascade_kept", lp
+    assert all(not e.logprobs for e in events if isinstance(e, Delta))  # asked for, not relayed
+    events, info = await generate(Generator("Paris?", -2.0), Generator("Paris", -0.1))
+    assert _text(events) == "Paris" and info.served_by == "large"
+    assert info.reason == "cascade_escalated" and info.detail == "confidence -2.000"
+
+
+async def test_the_small_generation_stands_when_the_large_one_cannot_answer() -> None:
+    """Kills the mutant: letting the large generator's failure fail the request in
+    ``routing/submission.py`` ``RouteGeneration._cascade`` (it must degrade to the small
+    answer), or relaying the large one's error event instead."""
+    large = Generator("never", 0.0, fail=RuntimeFailed("the large generator crashed"))
+    events, info = await generate(Generator("Paris?", -2.0), large)
+    assert _text(events) == "Paris?" and events[-1].reason == "stop"
+    assert events[-1].error is None
+    assert info.served_by == "small" and info.reason == "cascade_kept:large_unavailable"
+    assert [(t, o) for t, o, _ in info.attempts] == [("small", "ok"), ("large", "error")]
+
+
+async def test_a_client_error_from_the_large_generator_is_the_clients() -> None:
+    large = Generator("never", 0.0, fail=InvalidInput("prompt too long", param="messages"))
+    events, _ = await generate(Generator("Paris?", -2.0), large)
+    assert events[-1].reason == "error" and isinstance(events[-1].error, InvalidInput)
