@@ -35,6 +35,8 @@ UPSTREAM_KEYS = {tenant: f"hostile-up-{i}-key-0123" for i, tenant in enumerate(K
 
 UPSTREAM_CHECK_KEY = "hostile-up-check-key-0123"
 """The upstream kind's own key (``api_key_env``): its start-up check; every tenant has its own."""
+UPSTREAM_ADMIN_KEY = "hostile-up-admin-key-0123"
+"""The tests' admin key on the upstream server (its metrics: its cache's hits)."""
 
 
 def upstream_env() -> dict[str, str]:
@@ -102,9 +104,12 @@ def _streams() -> str:
     return f"[streams]\nidle_timeout_s = {SLOW_S}\ntotal_timeout_s = {SLOW_S}\n"
 
 
-def upstream_config(cache_dir: Path, keys: dict[str, str]) -> str:
-    """The upstream server: a synthetic encoder ``enc`` behind ``keys`` (tenant -> key)."""
-    return (f'cache_dir = "{cache_dir}"\nbuiltin_pipelines = false\n'
+def upstream_config(cache_dir: Path, keys: dict[str, str], admin_key: str = "") -> str:
+    """The upstream server: a synthetic encoder ``enc`` behind ``keys`` (tenant -> key), and
+    ``admin_key`` (if given) an admin's."""
+    admin = f'[[api_keys]]\nkey = "{admin_key}"\ntenant = "up-admin"\nadmin = true\n' \
+        if admin_key else ""
+    return (f'cache_dir = "{cache_dir}"\nbuiltin_pipelines = false\n{admin}'
             + "".join(f'[[api_keys]]\nkey = "{key}"\ntenant = "up-{tenant}"\n'
                       for tenant, key in keys.items())
             + '[[models]]\nname = "enc"\nruntime = "synthetic"\nwarmup = false\n'
@@ -120,8 +125,18 @@ kind = "model"
 model = "smollm2"
 inputs = { prompt = "input.question" }
 options = { max_tokens = 4 }
-"""
-"""Beside the declared models: a generating pipeline whose step caps its tokens."""
+
+[[pipelines]]
+name = "whoami"
+inputs = ["question"]
+[[pipelines.steps]]
+name = "echo"
+kind = "python"
+function = "{whoami}"
+inputs = { question = "input.question" }
+""".replace("{whoami}", str(ROOT / "tests" / "data" / "pipesteps" / "tenant_echo.py:whoami"))
+"""Beside the declared models: a generating pipeline whose step caps its tokens, and one
+whose answer names the caller's tenant (``test_tenant_isolation.py``)."""
 
 
 def _install_plugin(tmp: Path) -> Path:
@@ -150,7 +165,8 @@ def server() -> Iterator[Server]:
         path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)
         env = {**os.environ, "PYTHONPATH": path, **upstream_env()}
         up, up_url = start(upstream_config(tmp / "up", {**UPSTREAM_KEYS,
-                                                        "check": UPSTREAM_CHECK_KEY}),
+                                                        "check": UPSTREAM_CHECK_KEY},
+                                           UPSTREAM_ADMIN_KEY),
                            tmp, "upstream", env)
         models = "".join(d.config.replace("{upstream}", up_url)
                          .replace("{tenant_keys}", tenant_keys_env())

@@ -156,6 +156,57 @@ def test_greedy_text_equals_llama_cpp_called_directly_when_batched(
     assert delta["sokuji_llm_sequence_moves"] > 0
 
 
+async def test_greedy_text_equals_llama_cpp_when_small_batches_are_split(direct: Any) -> None:
+    """The default decode path: ``split_small_batches`` as shipped (on), on SmolLM2 itself.
+    Whether a batch is split is measured, so the engine is told that 2-4 rows together cost
+    far more than one row (the costs this CPU measures, exaggerated so that every step but
+    the every-32nd probe is split): its sequences then decode row by row, and each text must
+    equal llama.cpp's alone. Kills the mutants: a split row decoded at a wrong position or
+    without its logits in ``llm/engine.py`` ``_decode_one_by_one`` (a fake model cannot
+    tell), and the shipped default turned off (``llm/options.py``)."""
+    import asyncio
+
+    from sokuji.llm.engine import EngineConfig, GenerationEngine
+    from sokuji.llm.options import LlamaOptions
+    from sokuji.llm.request import Delta, Finish, GenerationRequest, SamplingParams
+
+    assert LlamaOptions().split_small_batches  # the shipped default
+    shape = native.ContextShape(slots=4, context_size=256, n_batch=256, threads=1)
+    model = native.LlamaModel(native.smollm2_path(), shape)
+    eng = GenerationEngine("smollm2", model, EngineConfig(prefix_cache_bytes=0))
+    assert eng.config.split_small_batches
+    eng.costs.learn(1, 1e-6)
+    for rows in (2, 3, 4):
+        eng.costs.learn(rows, 1e3)
+    jobs = [(p, n) for p, n in zip(PROMPTS, (16, 10, 16, 6), strict=True)]  # rows 4, 3, 2
+    loop = asyncio.get_running_loop()
+
+    async def text_of(req: GenerationRequest) -> str:
+        parts = []
+        async with asyncio.timeout(120):
+            async for event in req.events():
+                if isinstance(event, Delta):
+                    parts.append(event.text)
+                elif isinstance(event, Finish):
+                    assert event.error is None, event
+                    return "".join(parts)
+        raise AssertionError("no finish")
+
+    eng.start()
+    try:
+        reqs = [GenerationRequest("smollm2", model.tokenize(p, add_special=True),
+                                  SamplingParams(max_tokens=n, temperature=0), loop,
+                                  arrival_ns=time.perf_counter_ns()) for p, n in jobs]
+        for req in reqs:
+            eng.submit(req)
+        got = await asyncio.gather(*(text_of(r) for r in reqs))
+    finally:
+        await eng.stop()
+        model.close()
+    assert eng.split_steps > 0  # the row-by-row path ran
+    assert got == [direct_greedy(direct, p, n) for p, n in jobs]
+
+
 def test_seeded_sampling_repeats(client: openai.OpenAI) -> None:
     def draw() -> str:
         return client.completions.create(model="smollm2", prompt="My favourite animal is",

@@ -193,6 +193,37 @@ def test_vad_raw_and_v2_agree(url: str) -> None:
         assert name in got, (name, v2.headers["server-timing"])
 
 
+def test_two_tenants_sending_the_same_audio_never_share_a_cached_answer() -> None:
+    """Kills the mutant: keying the response cache of media models as one tenant for
+    everyone (``server/inference.py`` ``_cached``: ``cache_key("", ...)`` for kind ``vad``
+    or ``ocr``). With API keys, tenant ``bolt``'s first request of the audio ``acme`` sent
+    is a miss (the cache stage's marker) and computed for it: the same segments, its own."""
+    from sokuji import config as cfg
+    from tests.conftest import CACHE_DIR, client_for
+
+    keys = (cfg.ApiKey(key="key-of-acme-0001", tenant="acme"),
+            cfg.ApiKey(key="key-of-bolt-0002", tenant="bolt"))
+    config = cfg.validate(cfg.ServerConfig(
+        models=(cfg.ModelConfig(name="vad", runtime="vad", max_request_bytes=8 << 20),),
+        builtin_pipelines=False, api_keys=keys, cache_dir=str(CACHE_DIR)))
+    wav = audio_fixture()
+    with client_for(config) as client:
+        def send(key: str) -> tuple[Any, str]:
+            r = client.post("/v2/models/vad/infer", content=wav, headers={
+                "Content-Type": "audio/wav", "Authorization": f"Bearer {key}"})
+            assert r.status_code == 200, r.text
+            return r.json()["segments"], stages(r)["cache"]
+
+        own, marker = send(keys[0].key)
+        assert 'desc="miss"' in marker
+        again, marker = send(keys[0].key)
+        assert own and again == own and 'desc="hit"' in marker  # the cache is on
+        theirs, marker = send(keys[1].key)
+        assert 'desc="miss"' in marker, marker  # computed for bolt, not read from acme's
+        assert theirs == own
+        assert 'desc="hit"' in send(keys[1].key)[1]  # bolt's own entry from now on
+
+
 # --- bad requests: a 4xx naming the problem --------------------------------------------
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import math
 import statistics
 import time
 import urllib.error
@@ -37,13 +38,24 @@ max_batch_size = 1
 options = {{base_ms = 0.0}}
 """
 SLOW = MODELS.format(depth=2, service_ms=SERVICE_S * 1e3)
+PER_ITEM_S = 0.03
+PER_ITEM = f"""
+[[models]]
+name = "items"
+runtime = "synthetic"
+cache = false
+max_batch_size = 64
+max_queue_depth = 1
+options = {{base_ms = 0.0, per_item_ms = {PER_ITEM_S * 1e3}}}
+"""
 
 
-def send(url: str, model: str = "slow", headers: dict[str, str] | None = None
-         ) -> tuple[int, dict[str, str], float, bytes]:
-    """POST one V2 inference to ``model``: status, headers, seconds taken, body."""
-    body = json.dumps({"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1],
-                                   "data": ["x"]}]}).encode()
+def send(url: str, model: str = "slow", headers: dict[str, str] | None = None,
+         items: int = 1) -> tuple[int, dict[str, str], float, bytes]:
+    """POST one V2 inference of ``items`` texts to ``model``: status, headers, seconds
+    taken, body."""
+    body = json.dumps({"inputs": [{"name": "text", "datatype": "BYTES", "shape": [items],
+                                   "data": ["x"] * items}]}).encode()
     req = urllib.request.Request(f"{url}/v2/models/{model}/infer", data=body, headers={
         "content-type": "application/json", **(headers or {})})
     t0 = time.perf_counter()
@@ -69,16 +81,18 @@ def instant_s(url: str) -> float:
     return elapsed
 
 
-def wait_for_queue_depth(url: str, depth: int, timeout_s: float = 10.0) -> None:
+def wait_for_queue_depth(url: str, depth: int, timeout_s: float = 10.0, model: str = "slow",
+                         metric: str = "sokuji_queue_depth") -> None:
+    """Poll until the server's gauge ``metric`` of ``model`` is at least ``depth``."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         with urllib.request.urlopen(f"{url}/metrics") as r:
             for line in r.read().decode().splitlines():
-                if line.startswith('sokuji_queue_depth{model="slow"}') and \
+                if line.startswith(f'{metric}{{model="{model}"}}') and \
                         float(line.split()[-1]) >= depth:
                     return
         time.sleep(0.01)  # polling the server's own gauge (not spinning a core)
-    raise TimeoutError(f"queue depth never reached {depth}")
+    raise TimeoutError(f"{metric} never reached {depth}")
 
 
 def test_beyond_the_queue_depth_requests_get_a_fast_429_and_the_rest_complete() -> None:
@@ -127,3 +141,29 @@ def test_a_request_that_cannot_start_in_time_gets_a_fast_504() -> None:
     # At once: within a service time of a request that does no work, measured around it --
     # certainly without waiting for the running request to finish, let alone its own turn.
     assert elapsed < max(before_s, after_s) + SERVICE_S, (elapsed, before_s, after_s)
+
+
+def test_retry_after_is_the_queued_work_over_the_measured_drain_rate() -> None:
+    """Kills the mutant: deleting ``self._drain.observe(...)`` in ``core/batcher.py`` (every
+    Retry-After is then 1, the value before anything was measured).
+
+    A model costing ``PER_ITEM_S`` an item (a sleep: never shorter). One request of 10
+    items measures its rate: at most 10 items per ``10 * PER_ITEM_S`` (the server's own
+    service time), at least 10 per ``measured_s`` (the whole round trip seen here). Then 40
+    items running, 40 queued (with a deadline, so they never run), and one more refused:
+    its Retry-After is the 40 queued items over that rate."""
+    with sokuji_server(PER_ITEM) as url, concurrent.futures.ThreadPoolExecutor(2) as pool:
+        status, _, measured_s, _ = send(url, "items", items=10)
+        assert status == 200
+        running = pool.submit(send, url, "items", None, 40)  # 1.2 s at least
+        wait_for_queue_depth(url, 2, model="items", metric="sokuji_batch_size_count")
+        queued = pool.submit(send, url, "items", {"x-sokuji-timeout-ms": "1000"}, 40)
+        wait_for_queue_depth(url, 1, model="items")
+        status, headers, _, body = send(url, "items")
+        assert running.result()[0] == 200
+        assert queued.result()[0] == 504  # expired in the queue: its work never ran
+    assert status == 429, body
+    retry_after = int(headers["retry-after"])
+    low = math.ceil(40 * PER_ITEM_S)  # 2: 1.2 s of queued work at the fastest rate possible
+    high = math.ceil(40 * measured_s / 10)
+    assert low <= retry_after <= high, (retry_after, low, high, measured_s)

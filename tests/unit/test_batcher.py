@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 import time
 from collections.abc import Sequence
@@ -375,6 +376,45 @@ async def test_retry_after_follows_the_measured_drain_rate(rt: GatedRuntime) -> 
             await rt.next_batch()
     await asyncio.gather(first, *queued)
     await b.stop()
+
+
+async def test_retry_after_comes_from_measured_completions() -> None:
+    """Kills the mutant: deleting ``self._drain.observe(...)`` in ``core/batcher.py``
+    ``_complete`` (the drain rate then stays unmeasured and every Retry-After is 1).
+
+    Two models measured in this test: one whose batch is answered at once, one whose batch
+    is held ``HOLD_S`` (a lower bound: a sleep never ends early). Then each has one batch
+    running and 10 items queued: its Retry-After is those items over its measured rate, so
+    at least ``10 * HOLD_S`` seconds for the slow one."""
+    hold_s = 0.3
+    loop = asyncio.get_running_loop()
+    found: dict[float, tuple[int, float]] = {}
+    for held in (0.0, hold_s):
+        rt = GatedRuntime(loop)
+        b, _ = await start(rt, max_batch_size=8, max_queue_depth=2)
+        assert b.drain_items_per_s == 0.0
+        measured = asyncio.create_task(b.submit(make_request(["m"])))
+        await rt.next_batch()
+        await asyncio.sleep(held)
+        rt.open(0)
+        await measured
+        rate = b.drain_items_per_s
+        assert 0 < rate <= (1 / held if held else float("inf"))
+        busy = asyncio.create_task(b.submit(make_request(["busy"])))
+        await rt.next_batch()
+        queued = [asyncio.create_task(b.submit(make_request(["q"] * 5))) for _ in range(2)]
+        await asyncio.sleep(0)
+        with pytest.raises(Overloaded) as err:
+            await b.submit(make_request(["x"]))
+        assert b.drain_items_per_s == rate  # nothing completed meanwhile
+        found[held] = (err.value.retry_after_s, rate)
+        assert err.value.retry_after_s == math.ceil(10 / rate)
+        rt.gated = False
+        for gate in rt.gates:
+            gate.set()
+        await asyncio.gather(busy, *queued)
+        await b.stop()
+    assert found[hold_s][0] >= math.ceil(10 * hold_s)  # 3 s at least: measured, not 1
 
 
 async def test_a_deadline_that_cannot_be_met_is_rejected_without_computing(rt: GatedRuntime

@@ -214,6 +214,81 @@ def test_the_same_seed_repeats_and_another_seed_differs() -> None:
     assert [a.sample(x).token for _ in range(40)] != [b.sample(x).token for _ in range(40)]
 
 
+def chi_square(seen: Counter[int], want: dict[int, float], n: int) -> float:
+    """Pearson's statistic of ``n`` draws against the probabilities ``want`` (a token drawn
+    outside ``want`` makes it infinite)."""
+    if set(seen) - set(want):
+        return math.inf
+    return sum((seen[t] - n * q) ** 2 / (n * q) for t, q in want.items())
+
+
+CHI2_999 = {2: 13.82, 3: 16.27, 5: 20.52}
+"""The chi-square quantile 0.999 by degrees of freedom: a fixed seed, so no flake; a wrong
+distribution lands far beyond it with this many draws."""
+
+
+def test_draws_follow_the_softmax_at_the_temperature_chi_square() -> None:
+    """Kills the mutants: ignoring the temperature, multiplying by it instead of dividing,
+    or drawing uniformly among the kept tokens in ``llm/sampling.py`` ``_draw``."""
+    x = np.array([1.5, 1.0, 0.4, 0.0, -0.3, -1.2], dtype=np.float32)
+    n = 6000
+    for t in (0.6, 1.0, 1.7):
+        seen = support(SamplingConfig(temperature=t, seed=11), x, n)
+        want = dict(enumerate(probs(x / t)))
+        assert chi_square(seen, want, n) < CHI2_999[5], (t, seen)
+
+
+def test_top_p_keeps_exactly_the_nucleus_renormalised() -> None:
+    """Kills the mutants: drawing uniformly within the nucleus, or keeping one token more or
+    less, in ``llm/sampling.py`` (``_draw`` / ``_nucleus``)."""
+    p = np.array([0.4, 0.25, 0.15, 0.1, 0.06, 0.04])
+    x = np.log(p).astype(np.float32)
+    n = 6000
+    seen = support(SamplingConfig(temperature=1.0, top_p=0.75, seed=12), x, n)
+    kept = p[:3] / p[:3].sum()  # 0.65 < 0.75 <= 0.8: exactly three, in proportion
+    assert chi_square(seen, dict(enumerate(kept)), n) < CHI2_999[2], seen
+
+
+def test_temperature_applies_before_top_p() -> None:
+    """Kills the mutant: truncating (top_p) the untempered distribution and tempering what
+    is left, in ``llm/sampling.py`` ``_draw``. At T=2 the distribution flattens to
+    p ** 0.5 (normalised): its 0.6 nucleus holds three tokens; untempered it holds two."""
+    p = np.array([0.4, 0.25, 0.15, 0.1, 0.06, 0.04])
+    x = np.log(p).astype(np.float32)
+    q = probs(x / 2.0)
+    assert q[:2].sum() < 0.6 <= q[:3].sum() and p[:2].sum() >= 0.6  # the premise
+    n = 6000
+    seen = support(SamplingConfig(temperature=2.0, top_p=0.6, seed=13), x, n)
+    kept = q[:3] / q[:3].sum()
+    assert chi_square(seen, dict(enumerate(kept)), n) < CHI2_999[2], seen
+
+
+def test_temperature_towards_zero_is_greedy() -> None:
+    """Kills the mutants: treating a small temperature as 1 (or multiplying by it). Near 0
+    every draw is the argmax; at 0 it is the argmax without a draw (no generator)."""
+    x = row(14)
+    best = int(x.argmax())
+    gap = float(np.sort(x)[-1] - np.sort(x)[-2])
+    t = gap / 50  # the runner-up is exp(-50) as likely
+    assert set(support(SamplingConfig(temperature=t, seed=15), x, 2000)) == {best}
+    zero = TokenSampler(SamplingConfig(temperature=0.0, seed=15), V)
+    assert zero.rng is None and {zero.sample(x).token for _ in range(50)} == {best}
+
+
+def test_twenty_seeds_give_twenty_different_draws() -> None:
+    """Kills the mutant: a seed ignored (a constant or a fixed seed used instead); another
+    seed gives another sequence of draws, the same seed the same one."""
+    x = np.zeros(V, dtype=np.float32)
+
+    def draws(seed: int) -> tuple[int, ...]:
+        s = TokenSampler(SamplingConfig(temperature=1.0, seed=seed), V)
+        return tuple(s.sample(x).token for _ in range(10))
+
+    runs = [draws(seed) for seed in range(20)]
+    assert len(set(runs)) == 20
+    assert runs == [draws(seed) for seed in range(20)]
+
+
 def test_one_draw_a_token_whatever_the_truncation_leaves() -> None:
     """A sequence's later draws do not depend on whether a step had one candidate left."""
     x = row(9)

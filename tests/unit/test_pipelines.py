@@ -286,6 +286,36 @@ def test_whole_answers_come_from_the_response_cache(diamond: TestClient) -> None
     assert CALLS["join"] == 2
 
 
+def test_two_tenants_sending_the_same_input_get_their_own_cached_answers() -> None:
+    """Kills the mutant: keying the response cache of pipelines as one tenant for everyone
+    (``server/inference.py`` ``_cached``: ``cache_key("", ...)`` when the model is a
+    pipeline). The step answers with the caller's tenant, so a shared entry would hand
+    tenant ``bolt`` what ``acme`` was answered; the hit marker shows the second is a miss."""
+    keys = (cfg.ApiKey(key="key-of-acme-0001", tenant="acme"),
+            cfg.ApiKey(key="key-of-bolt-0002", tenant="bolt"))
+    config = cfg.validate(cfg.ServerConfig(
+        models=(cfg.ModelConfig(name="synth", runtime="synthetic", options={"base_ms": 0.0}),),
+        pipelines=(PipelineConfig(name="whoami", steps=(
+            step("echo", "echo", inputs={"question": "input.question"}),)),),
+        builtin_pipelines=False, cache=cfg.CacheConfig(enabled=True), api_keys=keys,
+        cache_dir=tempfile.mkdtemp(prefix="sokuji-test-")))
+    with client_for(config) as client:
+        def ask(key: str) -> tuple[str, str]:
+            r = infer(client, "whoami", "same question", Authorization=f"Bearer {key}")
+            assert r.status_code == 200, r.text
+            timing = r.headers["server-timing"]
+            return r.json()["outputs"][0]["data"][0], timing
+
+        assert ask(keys[0].key)[0] == "same question:acme"
+        answer, timing = ask(keys[0].key)
+        assert answer == "same question:acme" and 'desc="hit"' in timing  # the cache is on
+        answer, timing = ask(keys[1].key)
+        assert 'desc="miss"' in timing, timing
+        assert answer == "same question:bolt"  # its own answer, not acme's
+        answer, timing = ask(keys[1].key)
+        assert answer == "same question:bolt" and 'desc="hit"' in timing  # its own entry
+
+
 def test_a_pipeline_is_not_an_encoder_or_a_generator(diamond: TestClient) -> None:
     r = diamond.post("/v1/embeddings", json={"model": "diamond", "input": "x"})
     assert r.status_code == 400 and "does not serve /v1/embeddings" in \

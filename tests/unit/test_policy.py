@@ -7,6 +7,7 @@ for llama.cpp: no sleeps, gates instead."""
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 import time
 from types import SimpleNamespace
@@ -253,6 +254,34 @@ def test_the_engines_retry_after_comes_from_the_measured_drain_rate() -> None:
             eng.check_capacity()
     finally:
         loop.close()
+
+
+async def test_the_engines_retry_after_is_measured_from_finished_generations() -> None:
+    """Kills the mutant: deleting ``self.drain.observe(...)`` in ``llm/engine.py``
+    ``_finish`` (the rate stays unmeasured: every Retry-After 1). One generation is held
+    ``hold_s`` in its decode (a lower bound: the wait never ends early), so the measured
+    rate is at most ``1 / hold_s`` and 8 queued generations drain in ``8 * hold_s`` at
+    least."""
+    hold_s = 0.3
+    loop = asyncio.get_running_loop()
+    eng, model = engine(max_queue_depth=8)
+    model.hold_from = 1
+    eng.start()
+    try:
+        req = gen_request(loop, max_tokens=1)
+        eng.submit(req)
+        assert await asyncio.to_thread(model.held.wait, WAIT_S)
+        await asyncio.sleep(hold_s)
+        model.gate.set()
+        assert (await finish_of(req))[1].reason == "length"
+    finally:
+        await eng.stop()
+    rate = eng.drain.per_s
+    assert 0 < rate <= 1 / hold_s
+    eng.queue.waiting = [gen_request(loop) for _ in range(8)]
+    with pytest.raises(Overloaded) as err:
+        eng.check_capacity()
+    assert err.value.retry_after_s == math.ceil(8 / rate) >= math.ceil(8 * hold_s)
 
 
 # -- failures are typed ------------------------------------------------------------------------
