@@ -12,8 +12,9 @@ import time
 from typing import Any
 
 import aiohttp
-import orjson
 from _harness import percentile
+
+from sokuji.bench import sse
 
 TOPICS = ["a lighthouse keeper", "a lost robot", "a mountain village", "a clockmaker",
           "a river journey", "a dragon who cannot fly", "a city under the sea",
@@ -48,16 +49,13 @@ class Contestant:
         usage: int | None = None
         async with session.post(self.url, json=body) as r:
             assert r.status == 200, f"{self.name}: {r.status} {await r.text()}"
-            async for raw in r.content:
-                line = raw.strip()
-                if not line.startswith(b"data: ") or line == b"data: [DONE]":
+            async for line in r.content:
+                doc = sse.data(line)
+                if doc is None:
                     continue
-                doc = orjson.loads(line[6:])
-                choices = doc.get("choices") or [{}]
-                if choices[0].get("text"):
+                if sse.piece(doc):
                     times.append(time.perf_counter() - t0)
-                if doc.get("usage"):
-                    usage = int(doc["usage"]["completion_tokens"])
+                usage = sse.completion_tokens(doc) or usage
         return times, len(times) if usage is None else usage
 
 

@@ -31,9 +31,10 @@ from typing import Any
 
 import aiohttp
 import jsonschema
-import orjson
 from _harness import percentile
 from _llm_load import SYSTEM, TOPICS, itls, session_, turn_tokens
+
+from sokuji.bench import sse
 
 SK, LS = "sokuji", "llama-server"
 
@@ -112,23 +113,19 @@ async def stream(session: aiohttp.ClientSession, url: str, body: dict[str, Any],
     usage: int | None = None
     finish: str | None = None
     accepted = rejected = 0
-    chat = "messages" in body
     async with session.post(url, json=body) as r:
         assert r.status == 200, f"{name}: {r.status} {await r.text()}"
-        async for raw in r.content:
-            line = raw.strip()
-            if not line.startswith(b"data: ") or line == b"data: [DONE]":
+        async for line in r.content:
+            doc = sse.data(line)
+            if doc is None:
                 continue
-            doc = orjson.loads(line[6:])
+            for piece in sse.pieces(doc):
+                times.append(time.perf_counter() - t0)
+                parts.append(piece)
             for choice in doc.get("choices") or []:
-                piece = (choice.get("delta") or {}).get("content") if chat \
-                    else choice.get("text")
-                if piece:
-                    times.append(time.perf_counter() - t0)
-                    parts.append(piece)
                 finish = choice.get("finish_reason") or finish
-            if doc.get("usage"):
-                usage = int(doc["usage"]["completion_tokens"])
+            if sse.completion_tokens(doc) is not None:
+                usage = sse.completion_tokens(doc)
                 details = doc["usage"].get("completion_tokens_details") or {}
                 accepted = details.get("accepted_prediction_tokens") or 0
                 rejected = details.get("rejected_prediction_tokens") or 0

@@ -38,9 +38,10 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import orjson
 from _harness import C1Client, closed_loop, free_port, percentile, pooled_rate, v2_body
 from serving_overhead import load_texts
+
+from sokuji.bench import sse
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -153,12 +154,10 @@ async def stream(session: aiohttp.ClientSession, port: int, text: str, max_token
     times: list[float] = []
     async with session.post(f"http://127.0.0.1:{port}/v1/completions", json=body) as r:
         assert r.status == 200, await r.text()
-        async for raw in r.content:
-            line = raw.strip()
-            if line.startswith(b"data: ") and line != b"data: [DONE]":
-                choices = orjson.loads(line[6:]).get("choices") or [{}]
-                if choices[0].get("text"):
-                    times.append(time.perf_counter() - t0)
+        async for line in r.content:
+            doc = sse.data(line)
+            if doc is not None and sse.piece(doc):
+                times.append(time.perf_counter() - t0)
     return times
 
 

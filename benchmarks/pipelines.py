@@ -47,6 +47,7 @@ from _harness import Server, free_port, parse_timing, percentile
 from rich.console import Console
 from rich.table import Table
 
+from sokuji.bench import sse
 from sokuji.pipelines.builtin import rag_config
 from sokuji.retrieval.corpus import pydoc_passages
 from sokuji.retrieval.questions import load_questions
@@ -137,10 +138,10 @@ async def _chat(session: aiohttp.ClientSession, url: str, model: str, question: 
     async with session.post(f"{url}/v1/chat/completions", json=body) as r:
         status = r.status
         async for line in r.content:
-            if ttft is None and line.startswith(b"data: {") and b'"content"' in line:
+            doc = sse.data(line) if ttft is None else None
+            if doc is not None and sse.piece(doc):
                 ttft = (time.perf_counter() - t0) * 1000
-            elif line.startswith(b": server-timing "):
-                header = line[len(b": server-timing "):].decode()
+            elif (header := sse.comment(line, "server-timing")) is not None:
                 timing = parse_timing(header)
                 start = re.search(r'step\.answer;dur=[\d.]+;desc="start=([\d.]+)', header)
                 if start:

@@ -59,6 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _harness import percentile
 from machine import describe
 
+from sokuji.bench import sse
 from tests.integration.ray_cluster import RAY_BIN, RayHead, ray_env, sokuji_ray
 from tests.integration.serving import sokuji_server
 
@@ -111,13 +112,10 @@ async def turn(session: aiohttp.ClientSession, url: str, messages: list[dict[str
         if resp.status != 200:
             return {"status": resp.status, "error": (await resp.text())[:300]}
         served_by = resp.headers.get("x-sokuji-served-by", "")
-        async for raw in resp.content:
-            line = raw.decode().strip()
-            if line.startswith(": server-timing "):
-                timing = line[len(": server-timing "):]
-            if not line.startswith("data: {"):
-                continue
-            delta = json.loads(line[6:])["choices"][0]["delta"].get("content")
+        async for line in resp.content:
+            timing = sse.comment(line, "server-timing") or timing
+            doc = sse.data(line)
+            delta = sse.piece(doc) if doc is not None else None
             if delta:
                 first = first or time.perf_counter()
                 text.append(delta)

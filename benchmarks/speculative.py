@@ -45,12 +45,12 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import orjson
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from _harness import Server, free_port  # noqa: E402
 
+from sokuji.bench import dataset, sse  # noqa: E402
 from sokuji.llm import native  # noqa: E402
 
 CONTESTANTS = {
@@ -66,42 +66,9 @@ TOPICS = ["a lighthouse keeper", "a lost robot", "a mountain village", "a clockm
           "a talking cat"]
 
 
-PASSAGES = [
-    "The lighthouse at Skerry Point was built in 1852 from granite quarried on the island. "
-    "Its lamp burned whale oil until 1901, when a paraffin burner replaced it, and the keeper "
-    "lived with his family in a cottage at the foot of the tower. In winter storms the waves "
-    "reached the gallery, and the keeper logged every ship that passed in a leather book.",
-    "Every Saturday morning the market square in Alder Bridge fills with stalls. Farmers "
-    "bring apples, honey and goat cheese from the hills, and a baker sells rye bread from the "
-    "back of a blue van. By noon the fishmonger has run out of trout, the flower seller packs "
-    "up her tulips, and the town band plays two songs on the steps of the old library.",
-    "Mara repaired clocks in a narrow shop on Wren Street. She kept every broken spring in a "
-    "glass jar and every lost key in a drawer marked with the year she found it. Customers "
-    "waited on a wooden bench while she worked, listening to forty clocks tick at once, and "
-    "she never charged more than a loaf of bread for cleaning a pocket watch.",
-    "The night train to Valen leaves the central station at ten past eleven. It has six "
-    "sleeping cars, a dining car that serves soup until midnight, and a conductor who knows "
-    "every passenger by name. At dawn the train climbs through pine forests, crosses a long "
-    "iron bridge over the river, and arrives in Valen just as the bakeries open.",
-    "Our garden has three raised beds and a small greenhouse. In spring we plant peas, "
-    "lettuce and radishes, and in summer the tomatoes grow taller than the fence. The "
-    "greenhouse keeps the peppers warm through September, and every autumn we dig up the "
-    "potatoes together, count them on the kitchen table, and store them in the cellar.",
-    "The museum opens at nine and closes at five, except on Thursdays, when it stays open "
-    "until eight. Tickets cost twelve euros for adults and are free for children under ten. "
-    "The dinosaur hall is on the ground floor, the painting galleries are on the first floor, "
-    "and the cafe on the roof serves coffee, sandwiches and lemon cake.",
-    "When the river froze in January, the whole village walked out onto the ice. Children "
-    "pulled sledges, the blacksmith cut a hole to fish for pike, and the mayor set up a table "
-    "with hot cider and chestnuts. The ice held for eleven days, and on the twelfth day it "
-    "cracked with a sound like thunder and drifted slowly out to sea.",
-    "Tomas learned to sail on a small wooden boat called the Heron. His grandmother taught "
-    "him to read the wind on the water, to tie a bowline with his eyes closed, and to always "
-    "carry a spare rope. By the age of fourteen he could cross the bay alone, and by sixteen "
-    "he was racing against the fishermen every Sunday afternoon.",
-]
-"""Narrative passages written for this benchmark: SmolLM2-135M repeats such prose when asked
-(it explains technical text instead of repeating it)."""
+PASSAGES = [item.text for item in dataset.load("passages")]
+"""Narrative prose written for this benchmark (the built-in dataset ``passages``):
+SmolLM2-135M repeats such prose when asked (it explains technical text instead)."""
 
 
 def messages(workload: str, i: int, texts: list[str]) -> list[dict[str, str]]:
@@ -133,19 +100,17 @@ async def one(session: aiohttp.ClientSession, url: str, model: str,
     tokens, spec, text = 0, {}, []
     async with session.post(url, json=body) as r:
         assert r.status == 200, f"{model}: {r.status} {await r.text()}"
-        async for raw in r.content:
-            line = raw.strip()
-            if line.startswith(b": server-timing"):
+        async for line in r.content:
+            if sse.comment(line, "server-timing") is not None:
                 spec = speculation(line.decode())
-            if not line.startswith(b"data: ") or line == b"data: [DONE]":
+            doc = sse.data(line)
+            if doc is None:
                 continue
-            doc = orjson.loads(line[6:])
-            if doc.get("usage"):
-                tokens = doc["usage"]["completion_tokens"]
-            if doc.get("choices") and doc["choices"][0]["delta"].get("content"):
+            tokens = sse.completion_tokens(doc) or tokens
+            if (content := sse.piece(doc)) is not None:
                 last = time.perf_counter() - t0
                 first = first or last
-                text.append(doc["choices"][0]["delta"]["content"])
+                text.append(content)
     return {"tokens": tokens, "ttft_s": first, "total_s": last, "spec": spec,
             "text_hash": hashlib.sha256("".join(text).encode()).hexdigest()[:16],
             "decode_tps": (tokens - 1) / (last - first) if tokens > 1 and last > first else 0.0}

@@ -56,6 +56,8 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from sokuji.bench import sse
+
 ROOT = Path(__file__).resolve().parent.parent
 console = Console(width=150)
 CONTENDERS = ("direct", "upstream", "router")
@@ -213,21 +215,13 @@ async def stream_once(session: aiohttp.ClientSession, base: str, model: str,
     t0 = time.perf_counter()
     times: list[float] = []
     text: list[str] = []
-    buf = b""
     async with session.post(f"{base}/v1/chat/completions", json=body) as resp:
         status = resp.status
-        async for chunk in resp.content.iter_any():
-            now = time.perf_counter()
-            buf += chunk
-            while b"\n\n" in buf:
-                event, buf = buf.split(b"\n\n", 1)
-                for line in event.decode().splitlines():
-                    if line.startswith("data: {"):
-                        doc = json.loads(line[6:])
-                        delta = (doc.get("choices") or [{}])[0].get("delta", {})
-                        if delta.get("content"):
-                            times.append(now)
-                            text.append(delta["content"])
+        async for line in resp.content:
+            doc = sse.data(line)
+            if doc is not None and (content := sse.piece(doc)) is not None:
+                times.append(time.perf_counter())
+                text.append(content)
     gaps = [b - a for a, b in itertools.pairwise(times)]
     return {"status": status, "text": "".join(text),
             "ttft_ms": (times[0] - t0) * 1e3 if times else None,

@@ -3,7 +3,9 @@
 Each line is an object with ``text`` (embeddings, classification) or ``prompt`` (completions)
 or ``messages`` (chat); any of them is accepted by every target, which takes what it needs.
 Built-in datasets ship inside the package (``sokuji/bench/data``): ``short`` (~12 tokens,
-search queries), ``mixed`` (5-200 tokens, log-uniform) and ``long`` (~120-token passages).
+search queries), ``mixed`` (5-200 tokens, log-uniform), ``long`` (~120-token passages) and
+``passages`` (eight ~70-word narrative passages, which SmolLM2 repeats when asked: the
+speculative-decoding benchmark's and tests' copy workload).
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from pathlib import Path
 from typing import Any
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
-BUILTIN = ("short", "mixed", "long")
+BUILTIN = ("short", "mixed", "long", "passages")
+GENERATED = ("short", "mixed", "long")
+"""The 400-line sets ``data/make_datasets.py`` writes (``passages`` is written by hand)."""
 
 
 @dataclass(frozen=True)

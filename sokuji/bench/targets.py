@@ -16,6 +16,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from sokuji.bench import sse
 from sokuji.bench.dataset import Item
 
 
@@ -95,25 +96,16 @@ class StreamParse:
         while b"\n\n" in self.buffer:
             event, self.buffer = self.buffer.split(b"\n\n", 1)
             for line in event.split(b"\n"):
-                if not line.startswith(b"data:"):
-                    continue
-                payload = line[5:].strip()
-                if payload == b"[DONE]":
+                if sse.is_done(line):
                     self.done = True
                     continue
-                try:
-                    doc = json.loads(payload)
-                except ValueError:
+                doc = sse.data(line)
+                if doc is None:
                     continue
-                usage = doc.get("usage")
-                if isinstance(usage, dict) and "completion_tokens" in usage:
-                    self.usage_tokens = int(usage["completion_tokens"])
-                for choice in doc.get("choices") or ():
-                    text = choice.get("text")
-                    if text is None:
-                        text = (choice.get("delta") or {}).get("content")
-                    if text:
-                        tokens += 1
+                usage = sse.completion_tokens(doc)
+                if usage is not None:
+                    self.usage_tokens = usage
+                tokens += len(sse.pieces(doc))
         self.chunks_with_text += tokens
         return tokens
 

@@ -24,6 +24,7 @@ import httpx
 import openai
 import pytest
 
+from sokuji.bench import dataset
 from sokuji.llm import native
 from tests.conftest import CACHE_DIR
 from tests.integration.serving import sokuji_server
@@ -283,40 +284,7 @@ def test_a_long_prompts_text_does_not_depend_on_what_else_runs(client: openai.Op
     assert mixed == alone
 
 
-PASSAGES = [  # (as in benchmarks/speculative.py)
-    "The lighthouse at Skerry Point was built in 1852 from granite quarried on the island. "
-    "Its lamp burned whale oil until 1901, when a paraffin burner replaced it, and the keeper "
-    "lived with his family in a cottage at the foot of the tower. In winter storms the waves "
-    "reached the gallery, and the keeper logged every ship that passed in a leather book.",
-    "Every Saturday morning the market square in Alder Bridge fills with stalls. Farmers "
-    "bring apples, honey and goat cheese from the hills, and a baker sells rye bread from the "
-    "back of a blue van. By noon the fishmonger has run out of trout, the flower seller packs "
-    "up her tulips, and the town band plays two songs on the steps of the old library.",
-    "Mara repaired clocks in a narrow shop on Wren Street. She kept every broken spring in a "
-    "glass jar and every lost key in a drawer marked with the year she found it. Customers "
-    "waited on a wooden bench while she worked, listening to forty clocks tick at once, and "
-    "she never charged more than a loaf of bread for cleaning a pocket watch.",
-    "The night train to Valen leaves the central station at ten past eleven. It has six "
-    "sleeping cars, a dining car that serves soup until midnight, and a conductor who knows "
-    "every passenger by name. At dawn the train climbs through pine forests, crosses a long "
-    "iron bridge over the river, and arrives in Valen just as the bakeries open.",
-    "Our garden has three raised beds and a small greenhouse. In spring we plant peas, "
-    "lettuce and radishes, and in summer the tomatoes grow taller than the fence. The "
-    "greenhouse keeps the peppers warm through September, and every autumn we dig up the "
-    "potatoes together, count them on the kitchen table, and store them in the cellar.",
-    "The museum opens at nine and closes at five, except on Thursdays, when it stays open "
-    "until eight. Tickets cost twelve euros for adults and are free for children under ten. "
-    "The dinosaur hall is on the ground floor, the painting galleries are on the first floor, "
-    "and the cafe on the roof serves coffee, sandwiches and lemon cake.",
-    "When the river froze in January, the whole village walked out onto the ice. Children "
-    "pulled sledges, the blacksmith cut a hole to fish for pike, and the mayor set up a table "
-    "with hot cider and chestnuts. The ice held for eleven days, and on the twelfth day it "
-    "cracked with a sound like thunder and drifted slowly out to sea.",
-    "Tomas learned to sail on a small wooden boat called the Heron. His grandmother taught "
-    "him to read the wind on the water, to tie a bowline with his eyes closed, and to always "
-    "carry a spare rope. By the age of fourteen he could cross the bay alone, and by sixteen "
-    "he was racing against the fishermen every Sunday afternoon.",
-]
+PASSAGES = [item.text for item in dataset.load("passages")]  # as benchmarks/speculative.py
 
 
 def test_penalised_greedy_text_and_logprobs_are_identical_with_and_without_speculation(

@@ -170,8 +170,9 @@ def test_server_timing_parse() -> None:
 
 
 def test_datasets() -> None:
-    for name in dataset.BUILTIN:
+    for name in dataset.GENERATED:
         assert len(dataset.load(name)) == 400
+    assert len(dataset.load("passages")) == 8
     sampler_a = dataset.Sampler(dataset.load("mixed"), seed=4)
     sampler_b = dataset.Sampler(dataset.load("mixed"), seed=4)
     assert [sampler_a.next() for _ in range(50)] == [sampler_b.next() for _ in range(50)]
