@@ -1,5 +1,5 @@
 """Finding 3 replayed: an upstream model whose credential is shared by every tenant
-(``api_key_env``, no ``tenant_keys_env``: the README's own example). Tenant ``b`` sends the
+(``api_key_env``, no ``tenant_keys_env``: docs/routing.md's own example). Tenant ``b`` sends the
 text tenant ``a`` embedded; the upstream's cache answers both under the one key, and the
 upstream's own timing came back in the response (0.28 ms for a's text against 4.8 ms for a
 fresh one). Fixed means either the server refuses such a config for keyed tenants, or

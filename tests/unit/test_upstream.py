@@ -444,7 +444,7 @@ async def test_cancel_closes_the_upstream_stream(stub: Stub) -> None:
 
 
 @pytest.mark.parametrize(("keys", "own"), [
-    ({}, ()),  # the README's example: api_key_env alone, every tenant on it
+    ({}, ()),  # docs/routing.md's example: api_key_env alone, every tenant on it
     ({"t1": "K1", "t2": "K2", "t3": "K3"}, ("t1", "t2", "t3")),
     ({"t1": "K1", "t2": "K1", "t3": "K3"}, ("t3",)),  # one key under two tenants
     ({"t1": "K1"}, ("t1",)),  # t2 and t3 share api_key_env's
