@@ -2,11 +2,11 @@
 
     .venv/bin/python benchmarks/ab_trees.py --a ../before --b ../after [--quick]
 
-``before_after.py`` runs whole benchmarks one tree after the other; on a shared machine the
-machine's drift between those runs can be larger than the difference sought (a raw runtime
-that did not change once measured 20% slower in the later runs). Here both trees' servers are
-up at once, pinned to the same core, and the client alternates between them in small chunks,
-so drift falls on both alike:
+The one A/B runner of benchmarks/ (it replaced ``before_after.py``, which ran whole benchmarks
+one tree after the other: on a shared machine the drift between those runs can be larger than
+the difference sought: a raw runtime that did not change once measured 20% slower in the later
+runs). Here both trees' servers are up at once, pinned to the same core, and the client
+alternates between them in small chunks, so drift falls on both alike:
 
 1. Encoder, concurrency 1: ``--chunks`` chunks of ``--chunk`` calls per tree and dataset
    (short, long), A and B alternating chunk by chunk (the order flips every chunk pair).
