@@ -250,3 +250,24 @@ def test_the_images_command_serves_a_model_repository(served: tuple[str, int]) -
         assert client.get_model_metadata("iris").name == "iris"
     finally:
         client.close()
+
+
+def _healthcheck(port: int) -> int:
+    """The Dockerfile's HEALTHCHECK command (shell form, as the runtime runs it with sh -c),
+    with the venv's python for the image's; its exit status."""
+    (health,) = [rest for word, rest in _instructions() if word == "HEALTHCHECK"]
+    command = health.split(" CMD ", 1)[1].strip()
+    assert command.startswith("python ")
+    command = shlex.quote(sys.executable) + command.removeprefix("python")
+    env = {**os.environ, "SOKUJI_PORT": str(port)}
+    return subprocess.run(["sh", "-c", command], env=env, capture_output=True,
+                          timeout=30).returncode
+
+
+@pytest.mark.integration
+def test_the_healthcheck_passes_on_a_ready_server_only(served: tuple[str, int]) -> None:
+    from tests.integration.serving import free_port
+
+    url, _ = served
+    assert _healthcheck(int(url.rsplit(":", 1)[1])) == 0
+    assert _healthcheck(free_port()) != 0  # nothing listening: unhealthy
