@@ -2,7 +2,7 @@
 process, with ONNX Runtime called directly as the baseline.
 
     .venv/bin/python benchmarks/grpc_vs_rest.py [--quick] [--rounds 4] [--out FILE]
-    (--quick: under 2 minutes; the full run ~8 minutes)
+    (--quick: under 2 minutes; the full run ~5 minutes)
 
 One ``sokuji serve`` with ``grpc_port`` serves two models: ``minilm`` (the built-in text
 encoder, one text of ``sokuji/bench/data/short.jsonl`` a request) and ``tabular``
