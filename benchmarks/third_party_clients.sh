@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The load generators people already run, against a Sokuji server this script starts:
-# Triton's perf_analyzer (V2 minilm), genai-perf (OpenAI chat smollm2, streaming; OpenAI
-# embeddings minilm) and guidellm (OpenAI chat smollm2, ignore_eos). Each measurement is
-# bounded (<= ~60 s); the whole run takes about 3 minutes.
+# Triton's perf_analyzer (V2 minilm and V2 tabular, a scikit-learn classifier exported to
+# ONNX (benchmarks/_tensor_models.py), each over HTTP and over gRPC), genai-perf (OpenAI chat
+# smollm2, streaming; OpenAI embeddings minilm) and guidellm (OpenAI chat smollm2,
+# ignore_eos). Each measurement is bounded (<= ~60 s); the whole run takes about 5 minutes.
 #
 #   benchmarks/third_party_clients.sh setup   # install the tools (idempotent, registries only)
 #   benchmarks/third_party_clients.sh run     # start a server, run the three, stop it
@@ -192,14 +193,29 @@ cleanup() { stop_server; umount_chroot; }
 start_server() {
     PORT=${PORT:-$("$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}
     URL=127.0.0.1:$PORT
+    GRPC_PORT=${GRPC_PORT:-$("$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}
+    GRPC_URL=127.0.0.1:$GRPC_PORT
+    # The tensor model: trained and exported on first use (~2 s), cached under .cache/.
+    TABULAR=$(cd "$ROOT/benchmarks" && "$SOKUJI_PY" -c \
+        'import sys; from _tensor_models import tabular_path; print(tabular_path(sys.argv[1]))' \
+        "$ROOT/.cache/sokuji")
     cat > "$RESULTS/sokuji.toml" <<EOF
 port = $PORT
+grpc_port = $GRPC_PORT
 log_level = "warning"
 
 [[models]]
 name = "minilm"
 cache = false             # perf_analyzer repeats its inputs: measure serving, not the cache
 intra_op_threads = 1      # one core
+
+[[models]]
+name = "tabular"          # float_input FP32 [-1, 30] -> label INT64, probabilities FP32
+runtime = "tensor"
+path = "$TABULAR"
+cache = false
+intra_op_threads = 1
+max_batch_size = 32
 
 [[models]]
 name = "smollm2"
@@ -212,7 +228,7 @@ context_size = 1024
 [jobs]
 enabled = false
 EOF
-    log "sokuji serve on $URL (core $SERVER_CORE)"
+    log "sokuji serve on $URL, gRPC on $GRPC_URL (core $SERVER_CORE)"
     taskset -c "$SERVER_CORE" "$SOKUJI_PY" -m sokuji serve --config "$RESULTS/sokuji.toml" \
         > "$RESULTS/server.log" 2>&1 &
     SERVER_PID=$!
@@ -237,10 +253,22 @@ versions() {
     cat "$RESULTS/versions.txt"
 }
 
-run_perf_analyzer() {
-    log "perf_analyzer: V2 minilm over HTTP, concurrency 1..4, 3 windows of 3 s each"
+pa_run() {  # pa_run MODEL PROTOCOL(http|grpc) [ARGS...]: one perf_analyzer sweep
+    local model=$1 protocol=$2; shift 2
+    local url=$URL name=perf_analyzer-$model-$protocol
+    [[ $protocol == grpc ]] && url=$GRPC_URL
+    log "perf_analyzer: V2 $model over $protocol, concurrency 1..4, 3 windows of 3 s each"
     # -s 999: report the mean of 3 windows without waiting for them to agree (as genai-perf
     # does): on a shared machine perf_analyzer's default 10 % stability is seldom reached.
+    pa perf_analyzer -m "$model" -u "$url" -i "$protocol" "$@" \
+        --concurrency-range 1:4 --measurement-interval 3000 \
+        --stability-percentage 999 --max-trials 3 \
+        -f "$PA_WORK/$name.csv" --verbose-csv \
+        2>&1 | tee "$RESULTS/$name.txt"
+    cp "$PA_WORK_HOST/$name.csv" "$RESULTS/"
+}
+
+run_perf_analyzer() {
     # Real text for the BYTES input 'text' (random bytes are not UTF-8: Sokuji answers 400).
     "$SOKUJI_PY" - "$PA_WORK_HOST/minilm-input.json" <<'EOF'
 import json, sys
@@ -249,13 +277,15 @@ rows = [json.loads(line)["text"] for line in
         files("sokuji.bench.data").joinpath("mixed.jsonl").read_text().splitlines()[:100]]
 json.dump({"data": [{"text": [t]} for t in rows]}, open(sys.argv[1], "w"))
 EOF
-    pa perf_analyzer -m minilm -u "$URL" -i http \
-        --input-data "$PA_WORK/minilm-input.json" \
-        --concurrency-range 1:4 --measurement-interval 3000 \
-        --stability-percentage 999 --max-trials 3 \
-        -f "$PA_WORK/perf_analyzer.csv" --verbose-csv \
-        2>&1 | tee "$RESULTS/perf_analyzer.txt"
-    cp "$PA_WORK_HOST/perf_analyzer.csv" "$RESULTS/"
+    local status=0
+    # minilm: the same texts over both protocols. tabular: perf_analyzer's random FP32 rows,
+    # shaped from the model's configuration (dims [30]) at batch 1 (-b 1); on HTTP
+    # perf_analyzer sends binary tensors.
+    pa_run minilm http --input-data "$PA_WORK/minilm-input.json" || status=1
+    pa_run minilm grpc --input-data "$PA_WORK/minilm-input.json" || status=1
+    pa_run tabular http -b 1 || status=1
+    pa_run tabular grpc -b 1 || status=1
+    return $status
 }
 
 run_genai_perf() {
@@ -304,6 +334,7 @@ run() {
     [[ $only == *genai-perf* ]] && { run_genai_perf || status=1; }
     [[ $only == *guidellm* ]] && { run_guidellm || status=1; }
     curl -s "http://$URL/v2/models/minilm/stats" > "$RESULTS/minilm-stats.json" || true
+    curl -s "http://$URL/v2/models/tabular/stats" > "$RESULTS/tabular-stats.json" || true
     log "raw outputs in $RESULTS"
     return $status
 }

@@ -23,7 +23,7 @@ Every path also answers only to the ``Host`` names ``allowed_hosts`` allows (``h
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import orjson
@@ -169,7 +169,11 @@ class ControlPlane:
     # --- the model repository extension (admin) ----------------------------------------
 
     def _control(self, request: Request) -> ModelControl:
-        tenant = self.auth.authenticate(request.headers)
+        return self.model_control(request.headers)
+
+    def model_control(self, headers: Mapping[str, str]) -> ModelControl:
+        """The repository's control, for an ``admin`` caller (REST and gRPC alike)."""
+        tenant = self.auth.authenticate(headers)
         if not tenant.admin:
             raise Forbidden(f"tenant '{tenant.name}' may not control the model repository: "
                             "it loads and unloads every tenant's models, so it needs an API "
@@ -181,35 +185,17 @@ class ControlPlane:
     async def repository_index(self, request: Request) -> Response:
         control = self._control(request)
         doc = await _body(request)
-        ready = doc.get("ready", False)
-        if not isinstance(ready, bool):
-            raise InvalidInput("'ready' must be true or false", param="ready")
-        return _json(await control.index(ready_only=ready))
+        return _json(await control.index(ready_only=index_ready(doc.get("ready", False))))
 
     async def load(self, request: Request) -> Response:
         control = self._control(request)
-        params = _parameters(await _body(request))
-        override = params.pop("config", None)
-        if override is not None and not isinstance(override, (str, dict)):
-            raise InvalidInput("parameters.config must be a string: the JSON of a Triton "
-                               "model configuration", param="parameters.config")
-        for key in params:
-            raise InvalidInput(f"parameters.{key[:64]}: not a load parameter Sokuji takes (it "
-                               "takes 'config'; model files come from the repository)",
-                               param=f"parameters.{key[:64]}")
+        override = load_parameters(_parameters(await _body(request)))
         await control.load(request.path_params["model_name"], override)
         return _json({})
 
     async def unload(self, request: Request) -> Response:
         control = self._control(request)
-        params = _parameters(await _body(request))
-        dependents = params.pop("unload_dependents", False)
-        if not isinstance(dependents, bool):
-            raise InvalidInput("parameters.unload_dependents must be true or false",
-                               param="parameters.unload_dependents")
-        for key in params:
-            raise InvalidInput(f"parameters.{key[:64]}: not an unload parameter Sokuji takes "
-                               "(it takes 'unload_dependents')", param=f"parameters.{key[:64]}")
+        dependents = unload_parameters(_parameters(await _body(request)))
         await control.unload(request.path_params["model_name"], dependents)
         return _json({})
 
@@ -269,6 +255,42 @@ def _parameters(doc: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(params, dict):
         raise InvalidInput("'parameters' must be an object", param="parameters")
     return dict(params)
+
+
+def index_ready(ready: Any) -> bool:
+    """An index request's ``ready`` (only the models ready), checked."""
+    if not isinstance(ready, bool):
+        raise InvalidInput("'ready' must be true or false", param="ready")
+    return ready
+
+
+def load_parameters(params: dict[str, Any]) -> str | dict[str, Any] | None:
+    """A load's parameters (REST's JSON ``parameters``, gRPC's ``ModelRepositoryParameter``s
+    as plain values) as its config override: ``config``, the JSON of a Triton model
+    configuration; any other parameter is refused."""
+    params = dict(params)
+    override = params.pop("config", None)
+    if override is not None and not isinstance(override, (str, dict)):
+        raise InvalidInput("parameters.config must be a string: the JSON of a Triton "
+                           "model configuration", param="parameters.config")
+    for key in params:
+        raise InvalidInput(f"parameters.{key[:64]}: not a load parameter Sokuji takes (it "
+                           "takes 'config'; model files come from the repository)",
+                           param=f"parameters.{key[:64]}")
+    return override
+
+
+def unload_parameters(params: dict[str, Any]) -> bool:
+    """An unload's parameters as ``unload_dependents``; any other parameter is refused."""
+    params = dict(params)
+    dependents = params.pop("unload_dependents", False)
+    if not isinstance(dependents, bool):
+        raise InvalidInput("parameters.unload_dependents must be true or false",
+                           param="parameters.unload_dependents")
+    for key in params:
+        raise InvalidInput(f"parameters.{key[:64]}: not an unload parameter Sokuji takes "
+                           "(it takes 'unload_dependents')", param=f"parameters.{key[:64]}")
+    return dependents
 
 
 def _json(doc: Any, status: int = 200) -> Response:

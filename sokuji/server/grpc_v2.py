@@ -24,7 +24,8 @@ batches). The request's end is counted by ``accounting.py`` as a REST request's 
   is refused before it is decoded.
 - Who may see what follows the control plane (``control.py``): liveness, readiness and server
   metadata are open; a model's metadata, readiness and configuration need a key that may use
-  it when ``models_require_key``; statistics need an ``admin`` key.
+  it when ``models_require_key``; statistics and the repository RPCs (index, load, unload,
+  with ``control.py``'s parameter rules) need an ``admin`` key.
 
 Errors map to gRPC status codes as Triton's gRPC server maps them (``STATUS``)."""
 
@@ -48,6 +49,7 @@ from sokuji.core.request import Stage, Timeline
 from sokuji.core.tensor import BYTES, DATATYPES, DTYPES, InferRequest, Tensor
 from sokuji.errors import InvalidInput, PayloadTooLarge, SokujiError
 from sokuji.server import apis, scheduling, triton, v2, v2_encode
+from sokuji.server.control import load_parameters, unload_parameters
 from sokuji.server.failures import to_error
 from sokuji.server.http import ClientGone
 
@@ -325,6 +327,41 @@ class Service(service_pb2_grpc.GRPCInferenceServiceServicer):
                                          ignore_unknown_fields=True)
 
         return await self._answer(context, work, method="ModelStatistics")
+
+    async def RepositoryIndex(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        """Triton's repository index (an ``admin`` key, as ``POST /v2/repository/index``);
+        ``repository_name`` is ignored: Sokuji serves one repository."""
+        async def work() -> Any:
+            control = self.control.model_control(_headers(context))
+            doc = {"models": await control.index(ready_only=request.ready)}
+            return json_format.ParseDict(doc, service_pb2.RepositoryIndexResponse(),
+                                         ignore_unknown_fields=True)
+
+        return await self._answer(context, work, method="RepositoryIndex")
+
+    async def RepositoryModelLoad(self, request: Any,
+                                  context: grpc.aio.ServicerContext) -> Any:
+        """A load, as ``POST /v2/repository/models/{model}/load``: ``parameters["config"]``
+        (a string: the JSON of a Triton model configuration) overrides the configuration."""
+        async def work() -> Any:
+            control = self.control.model_control(_headers(context))
+            override = load_parameters(parameters(request.parameters))
+            await control.load(request.model_name, override)
+            return service_pb2.RepositoryModelLoadResponse()
+
+        return await self._answer(context, work, method="RepositoryModelLoad")
+
+    async def RepositoryModelUnload(self, request: Any,
+                                    context: grpc.aio.ServicerContext) -> Any:
+        """An unload, as ``POST /v2/repository/models/{model}/unload``:
+        ``parameters["unload_dependents"]`` (a bool) unloads the models built over it."""
+        async def work() -> Any:
+            control = self.control.model_control(_headers(context))
+            dependents = unload_parameters(parameters(request.parameters))
+            await control.unload(request.model_name, dependents)
+            return service_pb2.RepositoryModelUnloadResponse()
+
+        return await self._answer(context, work, method="RepositoryModelUnload")
 
     async def ModelInfer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         """One infer through the REST path's own steps (``SokujiApp.respond`` and

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import secrets
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,6 +33,8 @@ KEY, OTHER = "grpc-test-key-1", "grpc-test-key-2"
 AUTH = {"authorization": f"Bearer {KEY}"}
 META = (("authorization", f"Bearer {KEY}"),)
 LIMIT = 256 * 1024
+OWN_LIMIT = 8 * 1024
+"""``strings``' own ``max_request_bytes``: under the server's (the gRPC message limit)."""
 TEXTS = np.array([["a first sentence"], ["and the second, a bit longer"]], dtype=np.object_)
 
 
@@ -81,6 +84,7 @@ runtime = "tensor"
 path = "{strings}"
 max_batch_size = 8
 intra_op_threads = 1
+max_request_bytes = {OWN_LIMIT}
 [[models]]
 name = "batch"
 runtime = "python"
@@ -429,3 +433,124 @@ def test_stream_infer(server: Server) -> None:
                                headers=dict(AUTH)).as_numpy("embedding")
     for i in range(3):
         np.testing.assert_allclose(good[f"s-{i}"].as_numpy("embedding"), want, atol=1e-5)
+
+
+def test_over_a_models_own_limit_is_refused_before_decoding(server: Server) -> None:
+    """A message under gRPC's limit (the largest of any model's) but over ``strings``' own:
+    RESOURCE_EXHAUSTED naming the limit, though its input is of the wrong datatype (decoding
+    would have said INVALID_ARGUMENT); the same input under the limit: INVALID_ARGUMENT."""
+    def request(size: int) -> Any:
+        req = service_pb2.ModelInferRequest(model_name="strings")
+        req.inputs.add(name="text", datatype="FP32", shape=[size // 4])
+        req.raw_input_contents.append(b"\0" * (size // 4 * 4))
+        return req
+
+    error = _raw(server.stub, request(OWN_LIMIT + 64))
+    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, error.details()
+    assert "max_request_bytes" in error.details() and "strings" in error.details()
+    error = _raw(server.stub, request(OWN_LIMIT // 2))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "datatype" in error.details()
+    ok = server.client.infer("strings", _inputs(grpcclient, {
+        "text": np.array(["s"], dtype=object)}), headers=dict(AUTH))
+    assert ok.as_numpy("shout").tolist() == [b"s!"]
+
+
+def test_repository_index_load_and_unload(server: Server) -> None:
+    """The repository RPCs, as tritonclient.grpc calls them, against the REST answers."""
+    c = server.client
+    index = c.get_model_repository_index(headers=dict(AUTH), as_json=True)["models"]
+    rest = server.rest.get_model_repository_index(headers=dict(AUTH))
+    assert sorted(m["name"] for m in index) == sorted(m["name"] for m in rest)
+    assert {"minilm", "every", "strings", "echo"} <= {m["name"] for m in index}
+    assert [m.get("state") for m in index if m["name"] == "every"] == ["READY"]
+    # a load with a config override (control.py's rule: parameters["config"], JSON)
+    c.load_model("every", headers=dict(AUTH), config='{"max_batch_size": 4}')
+    got = c.get_model_config("every", headers=dict(AUTH), as_json=True)["config"]
+    assert int(got["max_batch_size"]) == 4
+    c.load_model("every", headers=dict(AUTH))  # a plain load: the configured 8 again
+    got = c.get_model_config("every", headers=dict(AUTH), as_json=True)["config"]
+    assert int(got["max_batch_size"]) == 8
+    # unload: not ready, UNAVAILABLE in the index, NOT_FOUND to infer; loaded back
+    c.unload_model("every", headers=dict(AUTH))
+    assert not server.rest.is_model_ready("every", headers=dict(AUTH))  # (REST: a 404)
+    code, message = _status(lambda: c.is_model_ready("every", headers=dict(AUTH)))
+    assert code == "StatusCode.NOT_FOUND" and "every" in message
+    code, _ = _status(lambda: c.infer("every", _inputs(grpcclient, {
+        "x_FP32": np.ones((1, 3), np.float32)}), headers=dict(AUTH)))
+    assert code == "StatusCode.NOT_FOUND"
+    entry = next(m for m in c.get_model_repository_index(headers=dict(AUTH), as_json=True)[
+        "models"] if m["name"] == "every")
+    assert entry["state"] == "UNAVAILABLE", entry
+    req = service_pb2.RepositoryIndexRequest(ready=True)
+    names = {m.name for m in server.stub.RepositoryIndex(req, metadata=META).models}
+    assert "every" not in names and "minilm" in names
+    c.load_model("every", headers=dict(AUTH))
+    assert c.is_model_ready("every", headers=dict(AUTH))
+
+
+def test_repository_rpcs_refused(server: Server) -> None:
+    """No key: UNAUTHENTICATED; a key not marked admin: PERMISSION_DENIED; an unknown model:
+    NOT_FOUND; a parameter Sokuji does not take or of the wrong type: INVALID_ARGUMENT."""
+    c = server.client
+    other = {"authorization": f"Bearer {OTHER}"}
+    for call in (lambda h: c.get_model_repository_index(headers=h),
+                 lambda h: c.load_model("echo", headers=h),
+                 lambda h: c.unload_model("echo", headers=h)):
+        code, message = _status(lambda f=call: f(None))
+        assert code == "StatusCode.UNAUTHENTICATED" and message
+        code, message = _status(lambda f=call: f(other))
+        assert code == "StatusCode.PERMISSION_DENIED" and "admin" in message
+    for call in (lambda: c.load_model("nope", headers=dict(AUTH)),
+                 lambda: c.unload_model("nope", headers=dict(AUTH))):
+        code, message = _status(call)
+        assert code == "StatusCode.NOT_FOUND" and "nope" in message, message
+    req = service_pb2.RepositoryModelLoadRequest(model_name="every")
+    req.parameters["file:1/model.onnx"].bytes_param = b"x"
+    with pytest.raises(grpc.RpcError) as info:
+        server.stub.RepositoryModelLoad(req, metadata=META)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "not a load parameter" in (info.value.details() or "")
+    req = service_pb2.RepositoryModelUnloadRequest(model_name="every")
+    req.parameters["unload_dependents"].string_param = "yes"
+    with pytest.raises(grpc.RpcError) as info:
+        server.stub.RepositoryModelUnload(req, metadata=META)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "unload_dependents" in (info.value.details() or "")
+    assert c.is_model_ready("every", headers=dict(AUTH))
+
+
+def test_traceparent_metadata_is_the_spans_parent() -> None:
+    """``traceparent`` metadata on a gRPC infer is honoured as REST's header is
+    (``test_tracing.py``): a server sampling nothing else exports the request's span under
+    the client's trace id and span."""
+    from tests.integration.otlp_receiver import otlp_receiver
+
+    trace_id, parent = "feed" + secrets.token_hex(14), secrets.token_hex(8)
+    port = free_port()
+    with otlp_receiver() as rx, sokuji_server(f"""grpc_port = {port}
+[tracing]
+enabled = true
+endpoint = "{rx.url}"
+sample_ratio = 0.0
+service_name = "sokuji-grpc"
+export_delay_ms = 50
+[[models]]
+name = "enc"
+runtime = "synthetic"
+warmup = false
+[models.options]
+base_ms = 1.0
+"""):
+        with grpcclient.InferenceServerClient(f"127.0.0.1:{port}") as client:
+            text = np.array(["hello"], dtype=object)
+            client.infer("enc", _inputs(grpcclient, {"text": text}))  # not sampled
+            client.infer("enc", _inputs(grpcclient, {"text": text}),
+                         headers={"traceparent": f"00-{trace_id}-{parent}-01"})
+        spans = rx.wait_for(lambda got: any(s["trace_id"] == trace_id and
+                                            s["name"] == "infer enc" for s in got))
+    server_spans = [s for s in spans if s["name"] == "infer enc"]
+    assert len(server_spans) == 1, server_spans  # the unsampled request: no span
+    span = server_spans[0]
+    assert span["trace_id"] == trace_id and span["parent_span_id"] == parent
+    assert span["kind"] == "SERVER" and span["service"] == "sokuji-grpc"
+    assert span["attributes"]["gen_ai.request.model"] == "enc"
