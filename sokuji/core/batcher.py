@@ -244,7 +244,7 @@ class DynamicBatcher:
         return entry
 
     def _fits(self, request: InferenceRequest) -> bool:
-        return self.gate.allows(request.num_items * request.length)
+        return request.inline and self.gate.allows(request.num_items * request.length)
 
     async def submit(self, request: InferenceRequest) -> Any:
         """Queue ``request``; return the runtime's output for its items, in their order."""

@@ -151,6 +151,10 @@ class RequestContext:
     trace: Trace | None = None
     """Set when the request is traced (``observability/tracing.py``): its ids, its upstream
     hops. None for almost every request: nothing else is done for tracing."""
+    company: bool = False
+    """Other requests of its front end were on their way when it arrived (gRPC's, which
+    reach their handlers over several loop turns: ``server/grpc_arrivals.py``): it must not
+    run on the event loop, where they would wait behind it, but batch with them."""
 
 
 class Trace:

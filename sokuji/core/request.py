@@ -131,3 +131,6 @@ class InferenceRequest:
     """With an SLO: by when it should be answered (``core/slo_admission.py``)."""
     predicted_s: float = 0.0
     """At admission by time: the predicted seconds to its answer (0: not predicted)."""
+    inline: bool = True
+    """May run on the event loop when its model is idle (``core/inline.py``); False when
+    others are known to be on their way (``RequestContext.company``)."""

@@ -51,6 +51,7 @@ from sokuji.errors import InvalidInput, PayloadTooLarge, SokujiError
 from sokuji.server import apis, scheduling, triton, v2, v2_encode
 from sokuji.server.control import load_parameters, unload_parameters
 from sokuji.server.failures import to_error
+from sokuji.server.grpc_arrivals import Arrivals
 from sokuji.server.http import ClientGone
 
 if TYPE_CHECKING:
@@ -243,9 +244,13 @@ def _ascii(value: str) -> str:
 class Service(service_pb2_grpc.GRPCInferenceServiceServicer):
     """``inference.GRPCInferenceService`` over the HTTP app's own objects."""
 
-    def __init__(self, app: Any, control: ControlPlane) -> None:
+    def __init__(self, app: Any, control: ControlPlane,
+                 arrivals: Arrivals | None = None) -> None:
         self.app = app
         self.control = control
+        self.arrivals = arrivals
+        """ModelInfer calls on their way to their handler (``grpc_arrivals.py``); None: not
+        counted (every call may run on the loop when its model is idle)."""
         self.inference = app.inference
         self.repo = app.inference.repo
         self.config = app.inference.config
@@ -447,6 +452,8 @@ class Service(service_pb2_grpc.GRPCInferenceServiceServicer):
                 if size > v2.INLINE_MAX_BYTES else _decode(served, request, meta)
             tl.mark(Stage.DECODE)
             _deadline(decoded, headers, remaining_s)
+            if self.arrivals is not None:  # (this task's own: read as its context is built)
+                scheduling.company.set(self.arrivals.company())
             outputs, report = await self.inference.infer_tensors(model, decoded, inputs,
                                                                  headers, tl, tenant)
             response = encode(model.name, model.served_version, decoded.request_id, outputs,
@@ -499,10 +506,12 @@ def _deadline(request: InferRequest, headers: Mapping[str, str],
 async def start(app: Any, control: ControlPlane, config: ServerConfig) -> grpc.aio.Server:
     """The gRPC server on ``config.grpc_port``, started (in the running event loop)."""
     limit = message_limit(config)
-    server = grpc.aio.server(options=[
+    arrivals = Arrivals(frozenset({f"{SERVICE}/ModelInfer"}))
+    server = grpc.aio.server(interceptors=[arrivals], options=[
         ("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", -1),
         ("grpc.so_reuseport", 0)])  # (a port already taken: an error, not a shared port)
-    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(Service(app, control), server)
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(Service(app, control, arrivals),
+                                                           server)
     host = f"[{config.host}]" if ":" in config.host else config.host  # (IPv6)
     address = f"{host}:{config.grpc_port}"
     cause = ""

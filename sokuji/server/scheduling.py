@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -78,6 +79,10 @@ def deadline_ns(headers: Mapping[str, str], parameters: Mapping[str, Any], arriv
 
 TRACEPARENT = tracing.TRACEPARENT
 
+company: contextvars.ContextVar[bool] = contextvars.ContextVar("sokuji_company", default=False)
+"""Set by a front end in the request's task when others are on their way behind it
+(``RequestContext.company``; gRPC: ``grpc_arrivals.py``)."""
+
 
 def context(tenant: Tenant, headers: Mapping[str, str], parameters: Mapping[str, Any],
             arrival_ns: int, default_timeout_ms: float, request_id: str = "",
@@ -90,7 +95,7 @@ def context(tenant: Tenant, headers: Mapping[str, str], parameters: Mapping[str,
         priority=priority(headers, parameters, tenant.priority, tenant.max_priority),
         deadline_ns=deadline_ns(headers, parameters, arrival_ns, default_timeout_ms),
         arrival_ns=arrival_ns, request_id=request_id, traceparent=headers.get(TRACEPARENT),
-        timeline=timeline, headers=headers, trace=tracing.current.get())
+        timeline=timeline, headers=headers, trace=tracing.current.get(), company=company.get())
     if ctx.trace is not None:
         ctx.trace.ctx = ctx
     return ctx

@@ -119,7 +119,7 @@ class BatchedModel(ModelBase):
             model=self.batcher.name, payload=prepared, num_items=prepared.num_items,
             length=prepared.length, timeline=tl, request_id=ctx.request_id,
             priority=ctx.priority, deadline_ns=ctx.deadline_ns, tenant=ctx.tenant,
-            num_tokens=prepared.num_tokens, group=prepared.group))
+            num_tokens=prepared.num_tokens, group=prepared.group, inline=not ctx.company))
 
     def attach(self, observers: Any) -> None:
         by_time = self.batcher.by_time
