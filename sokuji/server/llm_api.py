@@ -20,8 +20,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
-from typing import ParamSpec, Protocol, TypeVar
+from collections.abc import Callable, Mapping
+from typing import Any, ParamSpec, Protocol, TypeVar
 
 from starlette.types import Receive, Send
 
@@ -132,13 +132,16 @@ class Generation:
         return model
 
     async def start(self, model: Model, req: llm_codec.CompletionRequest, headers: Headers,
-                    t0: int, tenant: Tenant) -> list[GenerationHandle]:
+                    t0: int, tenant: Tenant, parameters: Mapping[str, Any] | None = None
+                    ) -> list[GenerationHandle]:
         """The one way a generation starts, whatever the protocol (OpenAI, Triton's generate
         over HTTP or gRPC): admission, the model's ``prepare`` (4xx), submission. Returns
-        one handle per choice, each a generation's stream of events."""
+        one handle per choice, each a generation's stream of events. ``parameters``: the
+        request's scheduling parameters (gRPC's ``priority``, ``timeout``), if any."""
         served = model.served
         served.check_admission()
-        ctx = scheduling.context(tenant, headers, {}, t0, model.config.default_timeout_ms)
+        ctx = scheduling.context(tenant, headers, parameters or {}, t0,
+                                 model.config.default_timeout_ms)
         prepared = await served.prepare(req, ctx)
         return llm_choices.submit(served, prepared, ctx, req.n)
 
