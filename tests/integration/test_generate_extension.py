@@ -5,6 +5,7 @@ reason (a non-generator: a 400 naming what it serves)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -25,7 +26,7 @@ cache = false
 [models.options]
 slots = 2
 context_size = 256
-max_new_tokens = 16
+max_new_tokens = 64
 [[models]]
 name = "echo"
 runtime = "python"
@@ -134,3 +135,27 @@ def test_generate_on_a_non_generator_names_its_protocol(url: str) -> None:
     error = r.json()["error"]
     assert "does not serve /v2/models/echo/generate" in error
     assert "/v2/models/echo/infer" in error or "predict" in error
+
+
+def metric(url: str, name: str) -> float:
+    text = httpx.get(f"{url}/metrics").text
+    return sum(float(line.split()[-1]) for line in text.splitlines()
+               if line.startswith(name) and 'model="smollm2"' in line)
+
+
+def test_disconnect_cancels_the_stream(url: str) -> None:
+    cancelled = metric(url, 'sokuji_requests_total{model="smollm2",status="499"}')
+    body = {"text_input": "Count from 1 to 1000, separated by commas: 1, 2, 3,",
+            "parameters": {"max_tokens": 64, "temperature": 0.0, "ignore_eos": True}}
+    with httpx.stream("POST", f"{url}/v2/models/smollm2/generate_stream", json=body) as r:
+        seen = 0
+        for line in r.iter_lines():
+            seen += line.startswith("data: ")
+            if seen == 2:
+                break
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and metric(
+            url, 'sokuji_requests_total{model="smollm2",status="499"}') == cancelled:
+        time.sleep(0.05)  # polling the server's own counters
+    assert metric(url, 'sokuji_requests_total{model="smollm2",status="499"}') == cancelled + 1
+    assert metric(url, "sokuji_llm_running_sequences") == 0
