@@ -224,7 +224,8 @@ async def stream(app: Any, request: Any, headers: dict[str, str]) -> AsyncIterat
     try:
         async for response in responses(app, request, headers, True):
             yield service_pb2.ModelStreamInferResponse(infer_response=response)
-    except SokujiError as error:
+    except Exception as exc:  # noqa: BLE001 - a SokujiError, or a bug: said in the stream
+        error = to_error(exc, "gRPC", "ModelStreamInfer")
         yield service_pb2.ModelStreamInferResponse(
             error_message=error.message, infer_response=service_pb2.ModelInferResponse(
                 model_name=request.model_name, id=request.id))
