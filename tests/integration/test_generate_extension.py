@@ -129,6 +129,10 @@ def test_not_json_and_unknown_model(url: str) -> None:
     assert r.status_code == 404 and "nosuch" in r.json()["error"]
 
 
+def test_server_metadata_lists_the_extension(url: str) -> None:
+    assert "generate" in httpx.get(f"{url}/v2", timeout=10).json()["extensions"]
+
+
 def test_generate_on_a_non_generator_names_its_protocol(url: str) -> None:
     r = httpx.post(f"{url}/v2/models/echo/generate", json={"text_input": "x"}, timeout=10)
     assert r.status_code == 400, r.text
