@@ -15,7 +15,8 @@ def routes(api: Api, model: str) -> tuple[str, ...]:
     if api is Api.EMBED:
         return ("/v1/embeddings",)
     if api is Api.GENERATE:
-        return ("/v1/chat/completions", "/v1/completions")
+        return ("/v1/chat/completions", "/v1/completions", f"/v2/models/{model}/generate",
+                f"/v2/models/{model}/generate_stream")
     if api is Api.PREDICT:
         return (f"/v2/models/{model}/predict",)
     return (f"/v2/models/{model}/infer (Accept: application/x-ndjson)",)

@@ -45,7 +45,7 @@ from sokuji.observability.observers import Observers
 from sokuji.repository.control import ModelControl
 from sokuji.repository.models import Model, ModelRepository
 from sokuji.repository.sources import source_for
-from sokuji.server import backends, llm_api, predict, scheduling, stream, v2
+from sokuji.server import backends, generate_api, llm_api, predict, scheduling, stream, v2
 from sokuji.server.accounting import Accounting
 from sokuji.server.auth import Tenant
 from sokuji.server.control import ControlPlane
@@ -92,6 +92,8 @@ class SokujiApp:
         """The ``Host`` names answered (``hosts.py``); None: any."""
         self.streams = stream.Streams(inference.config.streams, bool(inference.config.api_keys))
         """Streams in flight and their admission (``stream.py``)."""
+        self.generate = generate_api.GenerateApi(self.generation)
+        """Triton's generate extension (``/v2/models/{m}/generate[_stream]``)."""
         self.predict = predict.Predict(inference, self.accounting)
         """``Api.PREDICT``: plain JSON, or Server-Sent Events from a streaming model
         (``predict.py``)."""
@@ -121,6 +123,9 @@ class SokujiApp:
         t0 = time.perf_counter_ns()
         path, method = scope["path"], scope["method"]
         generation = path in llm_api.PATHS
+        triton_generate = not generation and path.endswith(generate_api.SUFFIXES) \
+            and generate_api.route(path) is not None
+        generation = generation or triton_generate
         is_job = not generation and self.jobs is not None and path.startswith(JOBS_PREFIX)
         route = None if generation or is_job else self.route(path)
         hosts = self.hosts
@@ -135,7 +140,8 @@ class SokujiApp:
             await refusal(path).send(send)
             return
         allowed = "GET" if is_job else "POST"
-        style = ErrorStyle.OPENAI if generation else route[2] if route else ErrorStyle.V2
+        style = ErrorStyle.V2 if triton_generate else ErrorStyle.OPENAI if generation \
+            else route[2] if route else ErrorStyle.V2
         # Who is asking, then the method: once per request, before any work. A refusal of
         # the key counts for no model (accounting.py): anyone may send one.
         try:
@@ -150,6 +156,10 @@ class SokujiApp:
             if route is not None and tenant.may_use(route[1].get("model_name", "")):
                 self._failed(route[1], error, t0, tenant)  # (not a model it may not use)
             await error_reply(error, style).send(send)
+            return
+        if triton_generate:
+            await self.generate(path, headers, receive, send, t0, tenant,
+                                None if self.tracer is None else self._sample(headers))
             return
         if generation:
             await self.generation(path, headers, receive, send, t0, tenant,

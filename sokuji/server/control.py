@@ -46,9 +46,9 @@ from sokuji.server.http import JSON
 
 log = logging.getLogger(__name__)
 EXTENSIONS = ("binary_tensor_data", "model_configuration", "statistics", "schedule_policy",
-              "model_repository")
+              "model_repository", "generate")
 """Triton protocol extensions Sokuji implements (``schedule_policy``: the ``priority`` and
-``timeout`` request parameters)."""
+``timeout`` request parameters; ``generate``: ``generate_api.py``)."""
 
 Handler = Callable[[Request, Exception], Awaitable[Response]]
 

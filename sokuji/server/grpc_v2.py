@@ -48,7 +48,7 @@ from sokuji.core.model import Api, ModelMetadata, ServedModel, TensorSpec
 from sokuji.core.request import Stage, Timeline
 from sokuji.core.tensor import BYTES, DATATYPES, DTYPES, InferRequest, Tensor
 from sokuji.errors import InvalidInput, PayloadTooLarge, SokujiError
-from sokuji.server import apis, scheduling, triton, v2, v2_encode
+from sokuji.server import apis, grpc_generate, scheduling, triton, v2, v2_encode
 from sokuji.server.control import load_parameters, unload_parameters
 from sokuji.server.failures import to_error
 from sokuji.server.grpc_arrivals import Arrivals
@@ -371,9 +371,15 @@ class Service(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def ModelInfer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         """One infer through the REST path's own steps (``SokujiApp.respond`` and
         ``Inference.v2_infer``, with the message in place of the body)."""
+        trailing: tuple[tuple[str, str], ...] = ()
         try:
-            response, trailing = await self.infer(request, _headers(context),
-                                                  context.time_remaining())
+            if grpc_generate.serves(self.repo, request.model_name):
+                headers = _headers(context)
+                _deadline_header(headers, context.time_remaining())
+                response = await grpc_generate.infer(self.app, request, headers)
+            else:
+                response, trailing = await self.infer(request, _headers(context),
+                                                      context.time_remaining())
         except SokujiError as error:
             trailing = tuple((k, _ascii(v)) for k, v in error.headers.items()
                              if k in _TRAILING)
@@ -386,13 +392,20 @@ class Service(service_pb2_grpc.GRPCInferenceServiceServicer):
                                context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         """A stream of infer requests, each answered as ``ModelInfer`` answers it, as soon as
         it is done (requests of one stream run concurrently: they batch together); an
-        error is that request's ``error_message``, in the stream, which goes on. (One
-        response per request: generators' token streams are not served here yet.)"""
+        error is that request's ``error_message``, in the stream, which goes on. A
+        generator's request is answered by a response per token chunk, the last one flagged
+        ``triton_final_response`` (``grpc_generate.py``)."""
         headers = _headers(context)
+        timed = dict(headers)
+        _deadline_header(timed, context.time_remaining())
         answers: asyncio.Queue[Any] = asyncio.Queue()
         pending: set[asyncio.Task[None]] = set()
 
         async def one(request: Any) -> None:
+            if grpc_generate.serves(self.repo, request.model_name):  # a stream of its own
+                async for answer in grpc_generate.stream(self.app, request, timed):
+                    answers.put_nowait(answer)
+                return
             try:
                 response, _ = await self.infer(request, headers, context.time_remaining())
                 answers.put_nowait(service_pb2.ModelStreamInferResponse(
@@ -487,6 +500,13 @@ def _render(timing: Any) -> str:
     from sokuji.core import timing as timings
 
     return timings.render(timing)
+
+
+def _deadline_header(headers: dict[str, str], remaining_s: float | None) -> None:
+    """The gRPC deadline as ``x-sokuji-timeout-ms`` (a generator's request has no V2
+    ``timeout`` parameter to carry it), unless the metadata already sets one."""
+    if remaining_s is not None and scheduling.TIMEOUT_HEADER not in headers:
+        headers[scheduling.TIMEOUT_HEADER] = str(max(remaining_s, 1e-6) * 1e3)
 
 
 def _deadline(request: InferRequest, headers: Mapping[str, str],

@@ -20,8 +20,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
-from typing import ParamSpec, Protocol, TypeVar
+from collections.abc import Callable, Mapping
+from typing import Any, ParamSpec, Protocol, TypeVar
 
 from starlette.types import Receive, Send
 
@@ -89,17 +89,9 @@ class Generation:
                                    self.body_timeout)
             req = await _maybe_off_loop(len(body) > INLINE_MAX_BYTES, llm_codec.decode, body,
                                         PATHS[path])
-            tenant.check_model(req.model)  # before the lookup: 403 tells nothing of others
-            model = self.repo.get_ready(req.model)
+            model = self.resolve(req.model, None, path, tenant)
             model_name = model.name
-            if Api.GENERATE not in model.apis:
-                apis.require(model, Api.GENERATE, path)
-            served = model.served
-            served.check_admission()
-            ctx = scheduling.context(tenant, headers, {}, t0, model.config.default_timeout_ms)
-            prepared = await served.prepare(req, ctx)
-            # Api.GENERATE: each handle is a generation's stream of events (one per choice).
-            gens = llm_choices.submit(served, prepared, ctx, req.n)
+            gens = await self.start(model, req, headers, t0, tenant)
             gen = gens[0]
         except ClientGone:
             return
@@ -129,6 +121,29 @@ class Generation:
             await _reply_error(send, failure)
         self.accounting.generated(model_name, tenant.name, gen, finish, failure, operation,
                                   req, path, trace)
+
+    def resolve(self, name: str, version: str | None, path: str, tenant: Tenant) -> Model:
+        """The ready generator ``name`` (``version``) that ``tenant`` may use; a 4xx naming
+        why not (a model that does not generate: 400 naming what it serves)."""
+        tenant.check_model(name)  # before the lookup: 403 tells nothing of others
+        model = self.repo.get_ready(name, version)
+        if Api.GENERATE not in model.apis:
+            apis.require(model, Api.GENERATE, path)
+        return model
+
+    async def start(self, model: Model, req: llm_codec.CompletionRequest, headers: Headers,
+                    t0: int, tenant: Tenant, parameters: Mapping[str, Any] | None = None
+                    ) -> list[GenerationHandle]:
+        """The one way a generation starts, whatever the protocol (OpenAI, Triton's generate
+        over HTTP or gRPC): admission, the model's ``prepare`` (4xx), submission. Returns
+        one handle per choice, each a generation's stream of events. ``parameters``: the
+        request's scheduling parameters (gRPC's ``priority``, ``timeout``), if any."""
+        served = model.served
+        served.check_admission()
+        ctx = scheduling.context(tenant, headers, parameters or {}, t0,
+                                 model.config.default_timeout_ms)
+        prepared = await served.prepare(req, ctx)
+        return llm_choices.submit(served, prepared, ctx, req.n)
 
     async def _respond(self, send: Send, req: llm_codec.CompletionRequest,
                        gen: GenerationHandle, model: Model) -> tuple[Finish, bool]:

@@ -191,6 +191,13 @@ def _constraint(doc: dict[str, Any]) -> Any:
 
 def decode(body: bytes, chat: bool) -> CompletionRequest:
     doc, model = parse_request(body, _CHAT if chat else _TEXT)
+    return decode_doc(doc, model, chat)
+
+
+def decode_doc(doc: dict[str, Any], model: str, chat: bool) -> CompletionRequest:
+    """A parsed body (its fields already checked against the route's) as a request for
+    ``model``: also the decoder of Triton's generate bodies (``generate_codec.py``), which
+    map their fields onto OpenAI's first."""
     n = _n(doc)
     constraint = _constraint(doc)
     messages, prompt, tools = None, None, None

@@ -3,10 +3,10 @@ of a fake OpenAI / KServe V2 upstream (a plain HTTP server in this process) whos
 carry what a shared upstream's state reveals: ``usage.prompt_tokens_details.cached_tokens``
 (its prompt cache's hits) and its ``Server-Timing`` (0.28 ms: its response cache's hit).
 
-With the docs' own upstream example (``docs/routing.md``) (``api_key_env`` alone) both tenants are sent with one
-key, so neither field may reach either of them: tenant 2 read 18 cached tokens for a wrong
-guess of tenant 1's system prompt and 20 for the right one, and 0.28 ms against 4.8 ms for a
-text tenant 1 had embedded. With ``tenant_keys_env`` (a key of each tenant's own) they pass
+With the upstream example of ``docs/routing.md`` (``api_key_env`` alone) both tenants are
+sent with one key, so neither field may reach either of them: tenant 2 read 18 cached tokens
+for a wrong guess of tenant 1's system prompt and 20 for the right one, and 0.28 ms against 4.8 ms
+for a text tenant 1 had embedded. With ``tenant_keys_env`` (a key of each tenant's own) they pass
 through as before. Chat and text completions, plain and streamed, and embeddings over both
 protocols.
 """
