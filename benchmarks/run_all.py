@@ -246,7 +246,7 @@ STEPS = [
     Step("python_handoff", "python_handoff.py", "~1", [
         Figure("batch hand-off, 1 MB: pickling / shared memory", _handoff("1MB",
                                                                           "pickle_over_shm"),
-               ">= 1.0"),
+               ""),
         Figure("a process hop over a call in a thread, 1 KB batch",
                _handoff("1KB", "hop_ms"), "", "ms"),
     ], quick=["--reps", "50"], area="serving"),
@@ -432,9 +432,9 @@ STEPS = [
         needs=RAY, area="scale-out"),
     Step("ray_affinity", "ray_affinity.py", "~2", [
         Figure("LLM replicas: later-turn TTFT p90, default router / prefix affinity",
-               _path("ratios_random_over_affinity", "later_client_ttft_p90"), ">= 1.0"),
+               _path("ratios_random_over_affinity", "later_client_ttft_p90"), ""),
         Figure("LLM replicas: later-turn TTFT mean, default router / prefix affinity",
-               _path("ratios_random_over_affinity", "later_client_ttft_mean"), ">= 1.0"),
+               _path("ratios_random_over_affinity", "later_client_ttft_mean"), ""),
     ], quick=["--rounds", "1"], needs=RAY, area="scale-out"),
 ]
 
