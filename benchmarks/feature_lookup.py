@@ -155,6 +155,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=5000)
     parser.add_argument("--redis-url", default=None,
                         help="Redis online store (default: SOKUJI_TEST_REDIS_URL with db 13)")
+    parser.add_argument("--out", help="default: benchmarks/results/feature_lookup-<time>.json")
     args = parser.parse_args()
     calls = 500 if args.quick else args.calls
     redis_url = args.redis_url
@@ -209,7 +210,8 @@ def main() -> None:
               f"{r['first_setup_import_s']:.2f} s); second open {r['second_open_s'] * 1e3:.1f} ms")
     out_dir = ROOT / "benchmarks" / "results"
     out_dir.mkdir(parents=True, exist_ok=True)
-    out = out_dir / f"feature_lookup-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out = (Path(args.out) if args.out else
+           out_dir / f"feature_lookup-{time.strftime('%Y%m%d-%H%M%S')}.json")
     out.write_text(json.dumps(result, indent=2))
     print(f"wrote {out}")
 
