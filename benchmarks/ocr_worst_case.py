@@ -14,7 +14,7 @@ second (crops and widths are the request's, summed over its files).
 
 from __future__ import annotations
 
-import datetime
+import argparse
 import json
 import os
 import resource
@@ -27,7 +27,7 @@ import numpy as np
 from sokuji.vision import ocr_stages as st
 from sokuji.vision.ocr_options import OcrOptions
 
-RECORDED = Path(__file__).parent / "recorded"
+RESULTS = Path(__file__).parent / "results"
 
 
 def dense_page(size: int = 1000, step: int = 11, word: int = 4) -> np.ndarray:
@@ -43,6 +43,11 @@ def dense_page(size: int = 1000, step: int = 11, word: int = 4) -> np.ndarray:
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--out", type=Path, default=RESULTS / "ocr_worst_case.json",
+                    help="raw JSON (default benchmarks/results/; the recorded runs are in "
+                         "benchmarks/recorded/)")
+    args = ap.parse_args()
     o = OcrOptions()
     paths = st.model_paths()
     sessions = {k: st.session(paths[k], 1) for k in ("det", "cls", "rec")}
@@ -82,7 +87,8 @@ def main() -> None:
           f"({rec_s / sum(widths) * 1e6:.0f} us a px)")
     worst_s = 8 * det_s + cls_s + rec_s
     print(f"worst request, 8 files: ~{worst_s:.0f} s of one core")
-    out = RECORDED / f"ocr_worst_case-{datetime.date.today()}.json"
+    out = args.out
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({
         "det": {"shape": list(geo.det), "pixels": geo.pixels, "s": det_s},
         "dense_page": {"crops": len(crops), "rec_width_px": int(sum(widths)), "cls_s": cls_s,

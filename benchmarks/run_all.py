@@ -24,7 +24,6 @@ A step that cannot run on this machine is skipped and the table says why:
 from __future__ import annotations
 
 import argparse
-import datetime
 import importlib.util
 import json
 import os
@@ -195,13 +194,6 @@ def _canary_aa(r: dict[str, Any]) -> float:
                  / sum(x["rollouts"] for x in rows))
 
 
-def _ocr_worst_out() -> list[Path]:
-    # ocr_worst_case.py has no --out: it writes recorded/ocr_worst_case-<today>.json
-    today = datetime.date.today()
-    return [BENCH / "recorded" / f"ocr_worst_case-{d}.json"
-            for d in (today, today - datetime.timedelta(days=1))]
-
-
 TWO_CORES = _needs_cores(2)
 RAY = _needs_all(_needs_modules("ray"), TWO_CORES)
 
@@ -332,7 +324,7 @@ STEPS = [
     Step("ocr_worst", "ocr_worst_case.py", "~2", [
         Figure("worst OCR request the default limits allow (8 files), one core",
                _path("worst_request_s"), "", "s"),
-    ], out_flag=None, default_out=_ocr_worst_out, area="media"),
+    ], area="media"),
     # -- pipelines, retrieval, features -------------------------------------------------------
     Step("pipelines", "pipelines.py", "~8", [
         Figure("pipeline layer: cost of a step (server)", _path("part_b", "per_step_ms_server"),
