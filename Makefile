@@ -7,7 +7,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 
 REDIS_PORT ?= 6399
-.PHONY: serve test install lint typecheck redis chromium bench bench-llm bench-variants bench-all llama-server clean
+.PHONY: serve test install lint typecheck redis chromium bench bench-llm bench-variants bench-all llama-server mutation mutation-quick clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -65,6 +65,20 @@ bench-all: llama-server
 
 bench-variants: install
 	$(BIN)/python benchmarks/variants_serving.py
+
+# Mutation testing (docs/mutation.md): mutmut, installed into .venv on first use (not part of
+# `make install`); `make mutation` runs every module group (tens of minutes), `mutation-quick`
+# the fixed short subset (about a minute). Neither runs in `make test`.
+MUTMUT_VERSION := 3.8.1
+mutmut-install: install
+	@$(BIN)/python -c "import mutmut, sys; sys.exit(mutmut.__version__ != '$(MUTMUT_VERSION)')" \
+		2>/dev/null || $(BIN)/python -m pip install -q mutmut==$(MUTMUT_VERSION)
+
+mutation: mutmut-install
+	$(BIN)/python benchmarks/mutation.py
+
+mutation-quick: mutmut-install
+	$(BIN)/python benchmarks/mutation.py --quick
 
 clean:
 	rm -rf $(VENV) .cache .mypy_cache .ruff_cache .pytest_cache
