@@ -1,20 +1,21 @@
-"""Which gRPC inference calls are on their way to their handler: so that a call does not run
-on the event loop (``core/inline.py``) while others wait to be read behind it.
+"""Which gRPC inference calls are in flight: so that a call does not run on the event loop
+(``core/inline.py``) while others wait behind it.
 
 Over HTTP, requests that arrive while a lone request holds the loop are read in the loop's
 next turn, all at once, and ``LoopGate`` keeps the model from running the first of them on
-the loop until that burst is queued: it forms one batch. grpc.aio delivers a call in steps,
-each a round trip through its completion-queue poller thread (the call, then its message),
-so such a burst reaches its handlers over several turns and thread wake-ups, after the gate
-has opened again: measured on minilm at 32 concurrent calls, every request then ran alone
-on the loop (mean batch 1.0 against REST's 7.8, 0.84 of REST's throughput).
+the loop until that burst is queued: it forms one batch. grpc.aio accepts calls one at a
+time, each step a round trip through its completion-queue poller thread (the call, then its
+message), so such a burst reaches its handlers over several turns and thread wake-ups, after
+the gate has opened again: measured on minilm at 32 concurrent calls, every request then ran
+alone on the loop (mean batch 1.0 against REST's 7.8, 0.84 of REST's throughput).
 
 A server interceptor sees a call as soon as grpc.aio has its method, before its message is
-read. ``Arrivals`` keeps those not yet at their handler; a handler that finds any marks its
-request as having company (``scheduling.company``): it is queued for a worker instead, and
-the calls behind it batch with it. A lone call (c=1) finds none and runs on the loop as
-over HTTP. A call cancelled before its handler never removes itself: entries older than
-``STALE_S`` are dropped, so such a call costs others the loop for at most that long.
+read; the call counts until its handler returns. A handler that finds another call in
+flight marks its request as having company (``scheduling.company``): it is queued for a
+worker instead of run on the loop, and the calls around it batch with it. A lone call
+(c=1: the next starts after this one's answer) finds none and runs on the loop as over HTTP.
+A call cancelled before its handler never leaves: entries older than ``STALE_S`` are
+dropped, so such a call costs others the loop for at most that long.
 """
 
 from __future__ import annotations
@@ -36,12 +37,12 @@ _own: contextvars.ContextVar[int] = contextvars.ContextVar("sokuji_grpc_arrival"
 
 
 class Arrivals(grpc.aio.ServerInterceptor):
-    """Calls of the ``methods`` counted from their start until their handler asks."""
+    """Calls of the ``methods`` counted from their start until their handler returns."""
 
     def __init__(self, methods: frozenset[str]) -> None:
         self.methods = methods
         self._pending: dict[int, int] = {}
-        """Arrival number -> its start (``perf_counter_ns``), until its handler asks."""
+        """Arrival number -> its start (``perf_counter_ns``), until its handler returns."""
         self._numbers = itertools.count(1)
 
     async def intercept_service(
@@ -54,17 +55,20 @@ class Arrivals(grpc.aio.ServerInterceptor):
         return await continuation(details)
 
     def company(self) -> bool:
-        """Called once by a handler: whether other calls are on their way to theirs. Removes
-        this call's own arrival (and arrivals gone stale)."""
-        self._pending.pop(_own.get(), None)
-        if not self._pending:
+        """Whether calls other than this one (the handler's own task) are in flight."""
+        own = _own.get()
+        if len(self._pending) <= (own in self._pending):
             return False
         oldest = time.perf_counter_ns() - int(STALE_S * 1e9)
-        for number in [n for n, t in self._pending.items() if t < oldest]:
+        for number in [n for n, t in self._pending.items() if t < oldest and n != own]:
             del self._pending[number]
-        return bool(self._pending)
+        return len(self._pending) > (own in self._pending)
+
+    def leave(self) -> None:
+        """The handler's call is done (answered or failed)."""
+        self._pending.pop(_own.get(), None)
 
     @property
     def pending(self) -> int:
-        """Calls counted as on their way now (stale ones included until the next ask)."""
+        """Calls counted in flight now (stale ones included until the next ask)."""
         return len(self._pending)

@@ -385,6 +385,9 @@ class Service(service_pb2_grpc.GRPCInferenceServiceServicer):
                              if k in _TRAILING)
             await context.abort(status_of(error), error.message, trailing_metadata=trailing)
             raise
+        finally:
+            if self.arrivals is not None:
+                self.arrivals.leave()
         context.set_trailing_metadata(trailing)
         return response
 

@@ -251,3 +251,26 @@ async def test_the_repository_tells_each_encoder_when_the_others_are_busy() -> N
     alone.start()
     assert alone.models["a"].served.batcher.gate.others_busy is None  # type: ignore[attr-defined]
     await alone.stop()
+
+
+async def test_a_request_with_company_runs_in_a_worker_and_batches_with_those_behind() -> None:
+    """``InferenceRequest.inline`` False (its front end knew of others on their way: gRPC's,
+    ``server/grpc_arrivals.py``): at an idle, fresh loop it still goes to a worker, and the
+    requests that come while it runs batch together. Catches: the flag ignored (it would
+    run on the loop before enqueue returned)."""
+    rt = Recorder(sleep_s=0.05)
+    b = batcher(rt)
+    await held(b)
+    await turns()  # fresh again: a request without company would run on the loop now
+    first = request(["first"])
+    first.inline = False
+    handle = b.enqueue(first)
+    assert b.num_waiting == 1  # not run before enqueue returned
+    while b.num_running_batches == 0:
+        await asyncio.sleep(0.001)
+    rest = [b.enqueue(request([f"r{i}"])) for i in range(3)]
+    await asyncio.wait_for(asyncio.gather(handle.result(), *(h.result() for h in rest)),
+                           WAIT_S)
+    assert not rt.on_loop(2) and rt.calls[2][1] == ["first"]
+    assert rt.calls[3][1] == ["r0", "r1", "r2"]  # one batch, behind it
+    await b.stop()
