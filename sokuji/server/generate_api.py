@@ -1,7 +1,8 @@
 """Triton's generate extension over HTTP, for generators (``Api.GENERATE``):
 
 - ``POST /v2/models/{m}[/versions/{v}]/generate``: one JSON answer,
-  ``{"model_name", "model_version", "text_output", "finish_reason", "usage"}``;
+  ``{"model_name", "model_version", "text_output", "finish_reason", "usage"}`` (a body with
+  ``"stream": true`` is answered as ``generate_stream``, as genai-perf expects);
 - ``POST /v2/models/{m}[/versions/{v}]/generate_stream``: server-sent events, one
   ``data: {"model_name", "model_version", "text_output"}`` per token chunk, then a last one
   with ``text_output: ""``, ``finish_reason`` and ``usage``. An error once the stream has
@@ -68,11 +69,13 @@ class GenerateApi:
             check_content_type(headers, binary_ok=False)
             body = await read_body(receive, headers, g.config.max_request_bytes,
                                    g.body_timeout)
-            model = g.resolve(name, version, path, tenant)
+            model = g.lookup(name, version, tenant)
             model_name = model.name
+            g.require(model, path)
             req = await _maybe_off_loop(len(body) > INLINE_MAX_BYTES, generate_codec.decode,
                                         body, model.name, streams)
             gen = (await g.start(model, req, headers, t0, tenant))[0]
+            streams = req.stream  # the route's, or the body's "stream": true
         except ClientGone:
             return
         except Exception as exc:  # noqa: BLE001 - refused before submission: one mapper

@@ -161,8 +161,9 @@ async def responses(app: Any, request: Any, headers: dict[str, str], streaming: 
     g = app.generation
     model_name = ""
     try:
-        model = g.resolve(name, request.model_version or None, path, tenant)
+        model = g.lookup(name, request.model_version or None, tenant)
         model_name = model.name
+        g.require(model, path)
         doc, sched, own = decode(request)
         wanted = doc.get("stream", doc["parameters"].get("stream"))
         stream = streaming if wanted is None else wanted

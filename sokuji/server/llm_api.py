@@ -89,8 +89,9 @@ class Generation:
                                    self.body_timeout)
             req = await _maybe_off_loop(len(body) > INLINE_MAX_BYTES, llm_codec.decode, body,
                                         PATHS[path])
-            model = self.resolve(req.model, None, path, tenant)
+            model = self.lookup(req.model, None, tenant)
             model_name = model.name
+            self.require(model, path)
             gens = await self.start(model, req, headers, t0, tenant)
             gen = gens[0]
         except ClientGone:
@@ -122,14 +123,18 @@ class Generation:
         self.accounting.generated(model_name, tenant.name, gen, finish, failure, operation,
                                   req, path, trace)
 
-    def resolve(self, name: str, version: str | None, path: str, tenant: Tenant) -> Model:
-        """The ready generator ``name`` (``version``) that ``tenant`` may use; a 4xx naming
-        why not (a model that does not generate: 400 naming what it serves)."""
+    def lookup(self, name: str, version: str | None, tenant: Tenant) -> Model:
+        """The ready model ``name`` (``version``) that ``tenant`` may use; a 4xx naming why
+        not. Whether it generates is ``require``'s: a refusal after the lookup is the model's
+        and counted under its name."""
         tenant.check_model(name)  # before the lookup: 403 tells nothing of others
-        model = self.repo.get_ready(name, version)
+        return self.repo.get_ready(name, version)
+
+    @staticmethod
+    def require(model: Model, path: str) -> None:
+        """A 400 naming what ``model`` serves unless it generates."""
         if Api.GENERATE not in model.apis:
             apis.require(model, Api.GENERATE, path)
-        return model
 
     async def start(self, model: Model, req: llm_codec.CompletionRequest, headers: Headers,
                     t0: int, tenant: Tenant, parameters: Mapping[str, Any] | None = None

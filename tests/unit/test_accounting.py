@@ -58,3 +58,14 @@ def test_a_route_a_model_does_not_serve_names_the_ones_it_does() -> None:
     assert r.json()["error"]["message"] == (
         "model 'synth' does not serve /v1/completions; it serves /v2/models/synth/infer, "
         "/v1/embeddings")
+
+
+def test_a_route_the_model_does_not_serve_is_counted_under_the_model() -> None:
+    """The model was found, so the 400 is its own (the generate extension as chat)."""
+    with client_for(synthetic_config()) as client:
+        assert client.post("/v2/models/synth/generate",
+                           json={"text_input": "x"}).status_code == 400
+        assert client.post("/v1/completions",
+                           json={"model": "synth", "prompt": "x"}).status_code == 400
+        counts = _counts(client)
+    assert counts['sokuji_requests_total{model="synth",status="400"}'] == 2.0
