@@ -5,9 +5,11 @@ A body is ``{"text_input": "...", "parameters": {...}}``; each sampling paramete
 stand at the top level, as Triton allows (the same key in both places: 400). The parameters
 are OpenAI's completion fields under the same names (``max_tokens``, ``temperature``,
 ``top_p``, ``top_k``, ``seed``, ``stop``, ...), decoded by ``llm_codec.decode_doc``, so
-they are checked, bounded and refused exactly as on ``/v1/completions``. ``stream`` is
-accepted (a boolean, as Triton's clients send it) but the route decides: ``generate_stream``
-streams, ``generate`` does not. Any other key: 400 naming it.
+they are checked, bounded and refused exactly as on ``/v1/completions``. ``text_input`` is
+a string, or a list of one string (a BYTES tensor of shape [1], as genai-perf and Triton's
+tensor-minded clients send it). ``stream`` is a boolean: ``generate_stream`` always
+streams; ``generate`` streams when the body asks (``"stream": true``, as genai-perf's
+``--endpoint-type generate --streaming`` sends it). Any other key: 400 naming it.
 """
 
 from __future__ import annotations
@@ -37,13 +39,20 @@ def decode(body: bytes, model: str, stream: bool) -> CompletionRequest:
 
 def decode_dict(doc: dict[str, Any], model: str, stream: bool) -> CompletionRequest:
     """A parsed generate body (or gRPC's inputs and parameters gathered as one) for
-    ``model``."""
+    ``model``; ``stream``: the route streams (the body's ``"stream": true`` streams too)."""
     extra = sorted(set(doc) - _TOP)
     if extra:
         raise InvalidInput(f"unrecognized field '{extra[0]}'; a generate request takes "
                            f"text_input, parameters and: {', '.join(sorted(PARAMETERS))}",
                            param=extra[0])
     text = doc.get("text_input")
+    if isinstance(text, list):
+        if len(text) != 1 or not isinstance(text[0], str):
+            raise InvalidInput(f"'text_input' as a list holds one string (one prompt per "
+                               f"request), got {len(text)} item(s)" if len(text) != 1 else
+                               f"'text_input' as a list holds one string, got "
+                               f"{type(text[0]).__name__}", param="text_input")
+        text = text[0]
     if not isinstance(text, str):
         raise InvalidInput("'text_input' is required and must be a string"
                            if text is None else
@@ -67,7 +76,7 @@ def decode_dict(doc: dict[str, Any], model: str, stream: bool) -> CompletionRequ
     if wanted is not None and not isinstance(wanted, bool):
         raise InvalidInput(f"'stream' must be a boolean, got {wanted!r}", param="stream")
     fields["prompt"] = text
-    fields["stream"] = stream
+    fields["stream"] = stream or wanted is True
     return decode_doc(fields, model, chat=False)
 
 

@@ -91,6 +91,21 @@ def test_generate_stream_chunks_concatenate(url: str) -> None:
     assert got[-1]["usage"]["completion_tokens"] == 6
 
 
+def test_genai_perfs_body_on_generate_streams(url: str) -> None:
+    """genai-perf ``--endpoint-type generate --streaming`` posts to ``/generate`` with
+    ``text_input`` as a list of one string and ``"stream": true`` at the top level, and
+    reads server-sent events."""
+    whole = httpx.post(f"{url}/v2/models/smollm2/generate",
+                       json={"text_input": PROMPT, "parameters": GREEDY}, timeout=60).json()
+    r = httpx.post(f"{url}/v2/models/smollm2/generate",
+                   json={"text_input": [PROMPT], "stream": True, **GREEDY}, timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"].startswith("text/event-stream")
+    got = events(r)
+    assert "".join(e["text_output"] for e in got) == whole["text_output"]
+    assert got[-1]["finish_reason"] == "length"
+
+
 def test_generate_stop_as_on_completions(url: str) -> None:
     base = completion(url, PROMPT)["choices"][0]["text"]
     stop = base.strip().split()[0]

@@ -13,10 +13,25 @@ def test_fields_map_onto_the_completion_request() -> None:
     req = generate_codec.decode(orjson.dumps({
         "text_input": "Hello", "parameters": {"max_tokens": 5, "temperature": 0.5,
                                               "top_p": 0.9, "top_k": 7, "seed": 3,
-                                              "stop": ["\n"], "stream": True}}), "m", False)
+                                              "stop": ["\n"]}}), "m", False)
     assert (req.prompt, req.model, req.max_tokens, req.temperature, req.top_p, req.top_k,
             req.seed, req.stop, req.stream, req.chat) == \
         ("Hello", "m", 5, 0.5, 0.9, 7, 3, ("\n",), False, False)
+
+
+@pytest.mark.parametrize(("route", "body", "streams"), [
+    (False, None, False), (False, False, False), (False, True, True),
+    (True, None, True), (True, False, True), (True, True, True)])
+def test_the_route_streams_and_the_body_may_ask_to(route: bool, body: bool | None,
+                                                   streams: bool) -> None:
+    doc = {"text_input": "a"} if body is None else {"text_input": "a", "stream": body}
+    assert generate_codec.decode_dict(doc, "m", route).stream is streams
+
+
+def test_text_input_may_be_a_list_of_one_string() -> None:
+    """As genai-perf sends it (a BYTES tensor of shape [1])."""
+    assert generate_codec.decode_dict({"text_input": ["Hi"]}, "m", False) == \
+        generate_codec.decode_dict({"text_input": "Hi"}, "m", False)
 
 
 def test_top_level_parameters_equal_nested_ones() -> None:
@@ -37,7 +52,9 @@ def test_same_as_completions_decoder() -> None:
 
 @pytest.mark.parametrize(("doc", "param"), [
     ({}, "text_input"),
-    ({"text_input": ["a"]}, "text_input"),
+    ({"text_input": ["a", "b"]}, "text_input"),
+    ({"text_input": []}, "text_input"),
+    ({"text_input": [3]}, "text_input"),
     ({"text_input": "a", "parameters": "x"}, "parameters"),
     ({"text_input": "a", "parameters": {"nope": 1}}, "parameters.nope"),
     ({"text_input": "a", "nope": 1}, "nope"),
