@@ -120,9 +120,11 @@ class Syslog:
 class Cluster:
     """One ``ray start --head --block`` with the fixture's settings, ``env`` overriding."""
 
-    def __init__(self, overrides: dict[str, str | None], syslog: Syslog) -> None:
-        self.base = Path(tempfile.mkdtemp(prefix="skf", dir="/tmp"))  # short: HAProxy's socket
-        env = {**os.environ, **ray_env(self.base)}
+    def __init__(self, overrides: dict[str, str | None], syslog: Syslog, base: Path) -> None:
+        # ``base`` and the environment (``ray_env``: auth token, HAProxy's files and ports)
+        # come from the parent: Ray reads RAY_AUTH_MODE when it is imported.
+        self.base = base
+        env = dict(os.environ)
         for k, v in overrides.items():
             if v is None:
                 env.pop(k, None)
@@ -152,8 +154,6 @@ class Cluster:
         """This process as a driver of the cluster, for ``serve.status()``."""
         import ray
 
-        for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH", "HOME", "RAY_TMPDIR"):
-            os.environ[k] = self.env[k]
         ray.init(address=self.head.address, namespace="serve", log_to_driver=False,
                  logging_level="error")
 
@@ -166,7 +166,9 @@ class Cluster:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
-        for pid in self.head.our_pids(""):  # its actors, HAProxy, anything left
+        for pid in self.head.our_pids(""):  # its actors, HAProxy, anything left (not us)
+            if pid == os.getpid():
+                continue
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         shutil.rmtree(self.base, ignore_errors=True)
@@ -313,7 +315,7 @@ def one_setting(args: argparse.Namespace) -> int:
     got["setting"] = res
     syslog = Syslog()
     say(f"{name}: starting a cluster")
-    cluster = Cluster(SETTINGS[name], syslog)
+    cluster = Cluster(SETTINGS[name], syslog, Path(args.base))
     try:
         cluster.connect()
         with sokuji_ray(cluster.head, KILL.format(jobs="enabled = false"),
@@ -354,6 +356,9 @@ def table(report: dict[str, Any]) -> str:
             "|---|---|---|---|---|---|---|"]
     for name, s in report["settings"].items():
         r = s["rounds"]
+        if not r:
+            rows.append(f"| {name} | no round completed | | | | | |")
+            continue
         lost = ", ".join(str(len(x["failed"])) for x in r)
         resent = [x["resent_by_haproxy"] for x in r]
         rows.append(f"| {name} | {sum(x['requests'] for x in r):,} | {lost} | "
@@ -373,6 +378,7 @@ def main() -> int:
     ap.add_argument("--no-autoscale", action="store_true")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "ray_faults.json"))
     ap.add_argument("--one", help=argparse.SUPPRESS)  # internal: one setting, in a child
+    ap.add_argument("--base", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
         return one_setting(args)
@@ -388,9 +394,15 @@ def main() -> int:
         for name in settings:
             # each setting in a child process: its own driver connection to its own cluster
             part = out.with_suffix(f".{len(report['settings'])}.part")
+            base = Path(tempfile.mkdtemp(prefix="skf", dir="/tmp"))  # short: HAProxy's socket
             cmd = [sys.executable, __file__, "--one", name, "--rounds", str(rounds),
-                   "--out", str(part)] + (["--no-autoscale"] if args.no_autoscale else [])
-            rc = subprocess.run(cmd, cwd=ROOT).returncode
+                   "--out", str(part), "--base", str(base)] + (
+                       ["--no-autoscale"] if args.no_autoscale else [])
+            try:
+                rc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, **ray_env(base)}
+                                    ).returncode
+            finally:
+                shutil.rmtree(base, ignore_errors=True)
             if part.exists():
                 got = json.loads(part.read_text())
                 part.unlink()
