@@ -3,7 +3,8 @@ Sokuji's queue depth.
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/ray_faults.py [--rounds 5] [--quick]
         [--no-autoscale] [--out benchmarks/results/ray_faults.json]
-        (~2 minutes a setting on 2 shared cores; --quick: 2 rounds, retry_lost = true only)
+        (~2.5 minutes on 2 shared cores, ~40 s a setting; --quick: 2 rounds,
+        retry_lost = true only, ~50 s)
 
 Per setting, its own cluster (``ray start --head`` with the test fixture's settings,
 ``tests/integration/ray_cluster.py``: Serve's high-throughput mode, HAProxy + direct
