@@ -194,6 +194,17 @@ def _canary_aa(r: dict[str, Any]) -> float:
                  / sum(x["rollouts"] for x in rows))
 
 
+def _ray_lost(setting: str) -> Callable[[dict[str, Any]], float]:
+    """Requests lost per kill (anything but a 200), the worst round, under ``setting``."""
+    return lambda r: float(max(sum(n for code, n in row["statuses"].items() if code != "200")
+                               for row in r["settings"][setting]["rounds"]))
+
+
+def _ray_recovery(r: dict[str, Any]) -> float:
+    return float(max(row["kill_to_new_replica_answering_s"]
+                     for v in r["settings"].values() for row in v["rounds"]))
+
+
 TWO_CORES = _needs_cores(2)
 RAY = _needs_all(_needs_modules("ray"), TWO_CORES)
 
@@ -230,6 +241,16 @@ STEPS = [
                _path("goodput", "tabular", "ratio"), ">= 1.5"),
         Figure("OCR det goodput at p99 <= 1 s / best peer", _path("goodput", "ocr", "ratio"),
                ">= 1.5"),
+    ], quick=["--quick"], area="serving", needs=TWO_CORES),
+    Step("grpc", "grpc_vs_rest.py", "~5", [
+        Figure("minilm saturated, gRPC / REST", _path("models", "minilm", "saturated",
+                                                      "grpc_over_rest"), ">= 1.0"),
+        Figure("tabular saturated, gRPC / REST", _path("models", "tabular", "saturated",
+                                                       "grpc_over_rest"), ">= 1.0"),
+        Figure("minilm c=1 p50 added over the runtime, gRPC",
+               _path("models", "minilm", "c1", "grpc", "added_p50_ms"), "<= 0.3", "ms"),
+        Figure("tabular c=1 p50 added over the runtime, gRPC",
+               _path("models", "tabular", "c1", "grpc", "added_p50_ms"), "<= 0.3", "ms"),
     ], quick=["--quick"], area="serving", needs=TWO_CORES),
     Step("python_processes", "python_processes.py", "~1", [
         Figure("GIL-bound Python model: 2 worker processes / 1", _path("two_over_one"),
@@ -428,6 +449,15 @@ STEPS = [
         Figure("LLM replicas: later-turn TTFT mean, default router / prefix affinity",
                _path("ratios_random_over_affinity", "later_client_ttft_mean"), ""),
     ], quick=["--rounds", "1"], needs=RAY, area="scale-out"),
+    Step("ray_faults", "ray_faults.py", "~3", [
+        Figure("replica SIGKILLed, retry_lost = true: requests lost, worst kill",
+               _ray_lost("retry_lost=true"), ""),
+        Figure("replica SIGKILLed, no retry: requests lost, worst kill",
+               _ray_lost("retry_lost=false"), ""),
+        Figure("kill -> new replica answering, slowest", _ray_recovery, "", "s"),
+        Figure("autoscaling: load -> second replica answering",
+               _path("autoscale", "load_to_2nd_replica_answering_s"), "", "s"),
+    ], quick=["--quick"], needs=RAY, area="scale-out"),
 ]
 
 

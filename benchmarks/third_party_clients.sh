@@ -300,6 +300,14 @@ run_genai_perf() {
         --extra-inputs ignore_eos:true --extra-inputs min_tokens:32 \
         --concurrency 2 --request-count 24 --warmup-request-count 2 --random-seed 42 \
         --artifact-dir "$PA_WORK/genai-perf" 2>&1) | tee "$RESULTS/genai-perf.txt"
+    log "genai-perf: Triton's generate extension (generate_stream), smollm2, concurrency 2"
+    (cd "$PA_WORK_HOST" && pa genai-perf profile -m smollm2 --endpoint-type generate --streaming \
+        -u "$URL" --tokenizer "$PA_WORK/tokenizer" \
+        --synthetic-input-tokens-mean 64 --synthetic-input-tokens-stddev 0 \
+        --output-tokens-mean 32 --output-tokens-stddev 0 \
+        --extra-inputs ignore_eos:true --extra-inputs min_tokens:32 \
+        --concurrency 2 --request-count 24 --warmup-request-count 2 --random-seed 42 \
+        --artifact-dir "$PA_WORK/genai-perf" 2>&1) | tee "$RESULTS/genai-perf-generate.txt"
     log "genai-perf: OpenAI embeddings, minilm, concurrency 2"
     (cd "$PA_WORK_HOST" && pa genai-perf profile -m minilm --endpoint-type embeddings \
         -u "$URL" --tokenizer "$PA_WORK/tokenizer" \

@@ -40,6 +40,7 @@ RECORDED: dict[str, list[str]] = {
     # run 1 and the quick run: no peer met the tabular SLO, so the script wrote an infinite
     # goodput ratio (a legitimate value, but not the finite number checked here)
     "tensor": ["tensor_serving-issue26-2026-12-02-run2.json"],
+    "grpc": ["grpc_vs_rest-2026-12-03.json"],
     "python_processes": ["python_processes.json"],
     "python_handoff": ["python_handoff.json"],
     "python": ["python_serving-2026-12-02-run1.json", "python_serving-2026-12-02-run2.json",
@@ -66,6 +67,7 @@ RECORDED: dict[str, list[str]] = {
     "plan": ["plan-validation-2026-12-01.json"],
     "ray": ["ray_scaleout-2026-12-01.json"],
     "ray_affinity": ["ray_affinity-2026-12-01.json", "ray_affinity-inflight3-2026-12-01.json"],
+    "ray_faults": ["ray_faults-2026-12-03.json"],
 }
 LOADERS = {"grammar": _grammar}
 # steps whose script has no recorded raw JSON in the repository (said in BENCHMARKS.md)
