@@ -50,8 +50,8 @@ class RayConfig(_Table, frozen=True):
     """In the fast path, HAProxy resends a request whose replica closed the connection
     without answering (it died), and always one that could not connect. With Ray 2.60 this
     saves some, not all, of the requests a killed replica held (``benchmarks/ray_faults.py``,
-    2026-12-03: 0-3 lost per kill against 4-5 without it): clients should retry idempotent requests on a dropped
-    connection. A stream that started is lost."""
+    2026-12-03: 0-3 lost per kill against 4-5 without it): clients should retry idempotent
+    requests on a dropped connection. A stream that started is lost."""
     max_ongoing_requests: AtLeast1 = 4096
     """Serve's per-replica limit, kept above Sokuji's own admission so that the 429 a
     client sees is Sokuji's (with its drain-rate ``Retry-After``), not Serve's."""
