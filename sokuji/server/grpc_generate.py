@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import struct
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from typing import Any
 
 import numpy as np
@@ -32,7 +32,7 @@ from tritonclient.grpc import service_pb2
 from sokuji.core.tensor import BYTES, DTYPES
 from sokuji.errors import InvalidInput, SokujiError
 from sokuji.llm.request import Delta, Finish
-from sokuji.server import generate_codec, triton, v2
+from sokuji.server import generate_codec, grpc_codec, triton, v2
 from sokuji.server.failures import to_error
 
 _TYPED = {"BOOL": "bool_contents", "INT32": "int_contents", "INT64": "int64_contents",
@@ -47,14 +47,6 @@ def serves(repo: Any, name: str) -> bool:
     """Whether ``name`` is a generator (its infer calls are answered here)."""
     model = repo.models.get(name)
     return model is not None and triton.decoupled(model)
-
-
-def _values(params: Mapping[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, param in params.items():
-        choice = param.WhichOneof("parameter_choice")
-        out[key] = getattr(param, choice) if choice is not None else None
-    return out
 
 
 def _scalar(tensor: Any, raw: bytes | None) -> Any:
@@ -92,7 +84,7 @@ def decode(request: Any) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]
     if raw and len(raw) != len(request.inputs):
         raise InvalidInput(f"{len(raw)} raw_input_contents for {len(request.inputs)} inputs",
                            param="raw_input_contents")
-    params = _values(request.parameters)
+    params = grpc_codec.parameters(request.parameters)
     sched = {k: params.pop(k) for k in _SCHEDULING if k in params}
     own = {k: params.pop(k) for k in list(params) if k.startswith("triton_")}
     doc: dict[str, Any] = {"parameters": params}

@@ -1,4 +1,5 @@
-"""The gRPC binding's codec (``server/grpc_v2.py``) without a server: a ``ModelInferRequest``
+"""The gRPC binding's codec (``server/grpc_codec.py``; its status codes: ``grpc_v2.py``)
+without a server: a ``ModelInferRequest``
 decodes to the ``InferRequest`` REST's codec gives for the same tensors, is checked the same
 way (each refusal an ``InvalidInput`` naming the input), and a response reads back through
 tritonclient's own ``InferResult``; the status table and the deadline."""
@@ -26,7 +27,7 @@ from sokuji.errors import (
     PayloadTooLarge,
     Unauthorized,
 )
-from sokuji.server import grpc_v2, v2
+from sokuji.server import grpc_codec, grpc_v2, v2
 
 META = ModelMetadata("onnxruntime_onnx", (TensorSpec("x", "FP32", (-1, 2)),
                                           TensorSpec("t", "BYTES", (-1,), optional=True)),
@@ -47,7 +48,7 @@ def test_raw_decodes_as_rest_binary() -> None:
     req = request(x)
     req.parameters["priority"].uint64_param = 2
     req.parameters["timeout"].int64_param = 5000
-    decoded = grpc_v2.decode(req, META)
+    decoded = grpc_codec.decode(req, META)
     head = b'{"id":"r1","inputs":[{"name":"x","datatype":"FP32","shape":[2,2],' \
         b'"parameters":{"binary_data_size":16}}]}'
     rest = v2.decode(head + x.tobytes(), len(head), META)
@@ -60,29 +61,29 @@ def test_raw_decodes_as_rest_binary() -> None:
 def test_byte_size_disagreeing_with_shape() -> None:
     with pytest.raises(InvalidInput, match=r"input 'x': raw content of 12 bytes does not "
                        r"match shape \[2, 2\] x FP32 \(4 elements x 4 bytes = 16\)"):
-        grpc_v2.decode(request(raw=b"\0" * 12), META)
+        grpc_codec.decode(request(raw=b"\0" * 12), META)
 
 
 def test_refusals_name_the_input() -> None:
     with pytest.raises(InvalidInput, match="datatype 'INT32'; expected FP32"):
-        grpc_v2.decode(request(np.zeros((2, 2), np.int32), datatype="INT32"), META)
+        grpc_codec.decode(request(np.zeros((2, 2), np.int32), datatype="INT32"), META)
     with pytest.raises(InvalidInput, match=r"shape \[2, 3\]; expected \[-1, 2\]"):
-        grpc_v2.decode(request(np.zeros((2, 3), np.float32)), META)
+        grpc_codec.decode(request(np.zeros((2, 3), np.float32)), META)
     req = request()
     req.raw_input_contents.append(b"extra")
     with pytest.raises(InvalidInput, match="2 raw_input_contents for 1 inputs"):
-        grpc_v2.decode(req, META)
+        grpc_codec.decode(req, META)
     req = request()
     req.outputs.add(name="nope")
     with pytest.raises(InvalidInput, match="unknown output 'nope'"):
-        grpc_v2.decode(req, META)
+        grpc_codec.decode(req, META)
     req = service_pb2.ModelInferRequest(model_name="m")
     with pytest.raises(InvalidInput, match="needs input 'x'"):
-        grpc_v2.decode(req, META)
+        grpc_codec.decode(req, META)
     t = req.inputs.add(name="x", datatype="FP32", shape=[1, 2])
     t.contents.fp32_contents.extend([1.0, 2.0, 3.0])
     with pytest.raises(InvalidInput, match=r"3 elements in contents\.fp32_contents"):
-        grpc_v2.decode(req, META)
+        grpc_codec.decode(req, META)
 
 
 def test_typed_contents() -> None:
@@ -93,20 +94,20 @@ def test_typed_contents() -> None:
     t.contents.int_contents.extend([-128, 0, 127])
     s = req.inputs.add(name="t", datatype="BYTES", shape=[2])
     s.contents.bytes_contents.extend([b"x", b"yz"])
-    decoded = grpc_v2.decode(req, meta)
+    decoded = grpc_codec.decode(req, meta)
     assert decoded.inputs["a"].data.dtype == np.int8
     assert decoded.inputs["a"].data.tolist() == [-128, 0, 127]
     assert decoded.inputs["t"].data == [b"x", b"yz"]
     t.contents.int_contents[0] = 128
     with pytest.raises(InvalidInput, match="out of the range of INT8"):
-        grpc_v2.decode(req, meta)
+        grpc_codec.decode(req, meta)
 
 
 def test_response_reads_back_through_tritonclient() -> None:
     y = np.arange(4, dtype=np.float32).reshape(2, 2)
     outputs = [Tensor("y", "FP32", (2, 2), y), Tensor("z", "INT64", (2,), np.array([1, 2])),
                Tensor("s", "BYTES", (2,), ["a", b"b"])]
-    res = grpcclient.InferResult(grpc_v2.encode("m", "1", "r1", outputs,
+    res = grpcclient.InferResult(grpc_codec.encode("m", "1", "r1", outputs,
                                                 {"y": True, "s": True}))
     np.testing.assert_array_equal(res.as_numpy("y"), y)
     assert res.as_numpy("s").tolist() == [b"a", b"b"] and res.as_numpy("z") is None
@@ -125,7 +126,7 @@ def test_status_table() -> None:
 
 
 def test_deadline_is_the_sooner() -> None:
-    decoded = grpc_v2.decode(request(), META)
+    decoded = grpc_codec.decode(request(), META)
     grpc_v2._deadline(decoded, {}, 0.25)
     assert math.isclose(decoded.parameters["timeout"], 250_000)
     decoded.parameters["timeout"] = 1000
