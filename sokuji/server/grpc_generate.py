@@ -137,10 +137,11 @@ def _end(response: Any, finish: Finish, prompt_tokens: int) -> Any:
     return response
 
 
-async def responses(app: Any, request: Any, headers: dict[str, str], streaming: bool
-                    ) -> AsyncIterator[Any]:
+async def responses(app: Any, request: Any, headers: dict[str, str], streaming: bool,
+                    timing: list[str] | None = None) -> AsyncIterator[Any]:
     """The ``ModelInferResponse``s of one request to a generator (``streaming``: the
-    default of ``stream``); a ``SokujiError`` (counted) if it fails, before or during."""
+    default of ``stream``); a ``SokujiError`` (counted) if it fails, before or during.
+    ``timing``: gets the generation's ``server-timing`` (REST's header) once it ended."""
     t0_ns = time.perf_counter_ns()
     name = request.model_name
     path = f"/v2/models/{name}/generate" + ("_stream" if streaming else "")
@@ -193,6 +194,8 @@ async def responses(app: Any, request: Any, headers: dict[str, str], streaming: 
             raise finish.error
         if finish.reason == "cancelled":
             return
+        if timing is not None:
+            timing.append(gen.timing.server_timing())
         if not req.stream:
             yield _end(_response(request, model, "".join(texts)), finish,
                        gen.timing.prompt_tokens)
@@ -224,13 +227,16 @@ async def stream(app: Any, request: Any, headers: dict[str, str]) -> AsyncIterat
                 model_name=request.model_name, id=request.id))
 
 
-async def infer(app: Any, request: Any, headers: dict[str, str]) -> Any:
-    """``ModelInfer``'s one response (a ``SokujiError`` if it fails)."""
+async def infer(app: Any, request: Any, headers: dict[str, str]
+                ) -> tuple[Any, tuple[tuple[str, str], ...]]:
+    """``ModelInfer``'s one response and its trailing metadata (``server-timing``, as a
+    tensor model's); a ``SokujiError`` if it fails."""
     out = None
-    async for response in responses(app, request, headers, False):
+    timing: list[str] = []
+    async for response in responses(app, request, headers, False, timing):
         out = response
     if out is None:
         raise to_error(RuntimeError("the generation ended without an answer"), "gRPC",
                        "ModelInfer")
-    return out
+    return out, tuple(("server-timing", t) for t in timing)
 

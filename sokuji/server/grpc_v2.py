@@ -229,7 +229,7 @@ class Service(service_pb2_grpc.GRPCInferenceServiceServicer):
             if grpc_generate.serves(self.repo, request.model_name):
                 headers = _headers(context)
                 _deadline_header(headers, context.time_remaining())
-                response = await grpc_generate.infer(self.app, request, headers)
+                response, trailing = await grpc_generate.infer(self.app, request, headers)
             else:
                 response, trailing = await self.infer(request, _headers(context),
                                                       context.time_remaining())

@@ -10,10 +10,12 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import grpc
 import httpx
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from tests.conftest import CACHE_DIR
@@ -132,6 +134,17 @@ def test_model_infer_equals_rest_and_metadata(server: Server) -> None:
     result = client.infer("smollm2", inputs(PROMPT, 5), parameters={"temperature": 0.0})
     assert text_of(result) == want
     assert result.get_response().parameters["triton_final_response"].bool_param
+    # the generation's stages as trailing server-timing, as REST's header and a tensor
+    # model's ModelInfer carry them
+    with grpc.insecure_channel(server.grpc) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        req = service_pb2.ModelInferRequest(model_name="smollm2")
+        req.inputs.add(name="text_input", datatype="BYTES", shape=[1]) \
+            .contents.bytes_contents.append(PROMPT.encode())
+        req.parameters["max_tokens"].int64_param = 3
+        _, call = stub.ModelInfer.with_call(req, timeout=60)
+    timing = dict(call.trailing_metadata())["server-timing"]
+    assert "ttft;dur=" in timing and "total;dur=" in timing, timing
     meta = client.get_model_metadata("smollm2")
     assert [t.name for t in meta.inputs] == ["text_input"]
     assert [t.name for t in meta.outputs] == ["text_output"]
