@@ -57,19 +57,11 @@ def decode(req: Any, meta: ModelMetadata) -> InferRequest:
     inputs: dict[str, Tensor] = {}
     for i, tensor in enumerate(req.inputs):
         name = tensor.name
-        spec = v2._spec(meta, name) if not meta.open else TensorSpec(
-            name, tensor.datatype, (-1,) * len(tensor.shape))
-        if spec is None:
-            known = ", ".join(s.name for s in meta.inputs) or "no inputs"
-            raise InvalidInput(f"unexpected input {v2.brief(name)}; the model takes: {known}",
-                               param="inputs")
-        if name in inputs:
-            raise InvalidInput(f"input '{name}' given twice", param="inputs")
+        sent = TensorSpec(name, tensor.datatype, (-1,) * len(tensor.shape)) \
+            if meta.open else None
+        spec = v2.input_spec(meta, name, inputs, sent)
         inputs[name] = _tensor(tensor, spec, raw[i] if raw else None, size)
-    missing = [s.name for s in meta.inputs if not s.optional and s.name not in inputs] \
-        if not meta.open else []
-    if missing:
-        raise InvalidInput(f"the model needs input '{missing[0]}'", param=missing[0])
+    v2.require_inputs(meta, inputs)
     outputs = [{"name": o.name} for o in req.outputs] if req.outputs else None
     return InferRequest(inputs, req.id, parameters(req.parameters),
                         v2._requested_outputs(outputs, meta, True))

@@ -156,6 +156,29 @@ def _spec(meta: ModelMetadata, name: str) -> TensorSpec | None:
     return None
 
 
+def input_spec(meta: ModelMetadata, name: str, seen: Mapping[str, Any],
+               sent: TensorSpec | None) -> TensorSpec:
+    """The spec input ``name`` is checked against (an open model's: ``sent``, the tensor as
+    sent, which callers build only for an open model), or a 400 for a name the model does
+    not take or one already in ``seen`` (both bindings' rule: ``grpc_codec`` calls it too)."""
+    spec = _spec(meta, name) if not meta.open else sent
+    if spec is None:
+        known = ", ".join(s.name for s in meta.inputs) or "no inputs"
+        raise InvalidInput(f"unexpected input {brief(name)}; the model takes: {known}",
+                           param="inputs")
+    if name in seen:
+        raise InvalidInput(f"input '{name}' given twice", param="inputs")
+    return spec
+
+
+def require_inputs(meta: ModelMetadata, inputs: Mapping[str, Any]) -> None:
+    """A 400 naming the first required input of ``meta`` missing from ``inputs``."""
+    missing = [] if meta.open else \
+        [s.name for s in meta.inputs if not s.optional and s.name not in inputs]
+    if missing:
+        raise InvalidInput(f"the model needs input '{missing[0]}'", param=missing[0])
+
+
 # -- decoding ------------------------------------------------------------------------------
 
 def decode(body: bytes, head_length: int | None, meta: ModelMetadata) -> InferRequest:
@@ -201,21 +224,13 @@ def _decode_full(body: bytes, head_length: int | None, meta: ModelMetadata) -> I
             raise InvalidInput("each input must be an object with a string 'name'",
                                param="inputs")
         name = raw["name"]
-        spec = _spec(meta, name) if not meta.open else _open_spec(name, raw)
-        if spec is None:
-            known = ", ".join(s.name for s in meta.inputs) or "no inputs"
-            raise InvalidInput(f"unexpected input {brief(name)}; the model takes: {known}",
-                               param="inputs")
-        if name in inputs:
-            raise InvalidInput(f"input '{name}' given twice", param="inputs")
+        spec = input_spec(meta, name, inputs, _open_spec(name, raw) if meta.open else None)
         tensor, used = _tensor(raw, spec, binary[offset:], len(body))
         offset += used
         inputs[name] = tensor
     if offset != len(binary):
         raise InvalidInput(f"{len(binary) - offset} bytes of binary data belong to no input")
-    missing = [name for name in required if name not in inputs]
-    if missing:
-        raise InvalidInput(f"the model needs input '{missing[0]}'", param=missing[0])
+    require_inputs(meta, inputs)
     return InferRequest(inputs, request_id, parameters,
                         _requested_outputs(doc.get("outputs"), meta, all_binary))
 
