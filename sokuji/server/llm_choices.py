@@ -1,7 +1,7 @@
 """The choices of one OpenAI completion as they are answered: one generation handle each
 (``n`` > 1: the model's ``submit_choices``, sharing one prefill), their events merged in the
 order they come, and each choice's answer built from them: its text and log-probabilities,
-and with tools its ``content`` and ``tool_calls`` (``llm/tools.ToolCallStream``: the call
+and with tools its ``content`` and ``tool_calls`` (``llm/tool_calls.ToolCallStream``: the call
 markup never reaches ``content``; streamed as the openai SDK assembles tool-call deltas).
 
 A model without ``submit_choices`` (an upstream, a router, a pipeline) serves ``n`` = 1
@@ -70,7 +70,7 @@ class Choice:
     """One choice's answer, built from its events."""
 
     def __init__(self, index: int, tools: bool) -> None:
-        from sokuji.llm.tools import ToolCallStream
+        from sokuji.llm.tool_calls import ToolCallStream
 
         self.index = index
         self.texts: list[str] = []

@@ -1,6 +1,6 @@
-"""Tool calling (sokuji/llm/tools.py): validation, the output grammar walked over SmolLM2's real
-vocabulary with llguidance, whole and streamed parsing (assembled by the openai SDK's own stream
-state), and prompt rendering with tool messages."""
+"""Tool calling (sokuji/llm/tools.py, tool_calls.py): validation, the output grammar walked
+over SmolLM2's real vocabulary with llguidance, whole and streamed parsing (assembled by the
+openai SDK's own stream state), and prompt rendering with tool messages."""
 
 from __future__ import annotations
 
@@ -16,15 +16,12 @@ import pytest
 
 from sokuji.errors import InvalidInput
 from sokuji.llm.chat import ChatTemplate, validate_messages
+from sokuji.llm.tool_calls import Parsed, ToolCallStream, new_call_id, parse_tool_calls
 from sokuji.llm.tools import (
     HERMES,
     MAX_TOOLS,
     NO_PARAMETERS,
-    Parsed,
-    ToolCallStream,
     check_grammar,
-    new_call_id,
-    parse_tool_calls,
     parse_tools,
     template_knows_tools,
     tool_grammar,
