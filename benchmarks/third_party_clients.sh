@@ -288,26 +288,24 @@ EOF
     return $status
 }
 
+gp_llm() {  # gp_llm ENDPOINT_TYPE OUT: smollm2 streaming, 64 in / 32 out, concurrency 2
+    (cd "$PA_WORK_HOST" && pa genai-perf profile -m smollm2 --endpoint-type "$1" --streaming \
+        -u "$URL" --tokenizer "$PA_WORK/tokenizer" \
+        --synthetic-input-tokens-mean 64 --synthetic-input-tokens-stddev 0 \
+        --output-tokens-mean 32 --output-tokens-stddev 0 \
+        --extra-inputs ignore_eos:true --extra-inputs min_tokens:32 \
+        --concurrency 2 --request-count 24 --warmup-request-count 2 --random-seed 42 \
+        --artifact-dir "$PA_WORK/genai-perf" 2>&1) | tee "$RESULTS/$2"
+}
+
 run_genai_perf() {
     log "genai-perf: OpenAI chat, smollm2, streaming, concurrency 2"
     rm -rf "$PA_WORK_HOST/genai-perf"
     mkdir -p "$PA_WORK_HOST/tokenizer"
     cp "$TOKENIZER"/* "$PA_WORK_HOST/tokenizer/"
-    (cd "$PA_WORK_HOST" && pa genai-perf profile -m smollm2 --endpoint-type chat --streaming \
-        -u "$URL" --tokenizer "$PA_WORK/tokenizer" \
-        --synthetic-input-tokens-mean 64 --synthetic-input-tokens-stddev 0 \
-        --output-tokens-mean 32 --output-tokens-stddev 0 \
-        --extra-inputs ignore_eos:true --extra-inputs min_tokens:32 \
-        --concurrency 2 --request-count 24 --warmup-request-count 2 --random-seed 42 \
-        --artifact-dir "$PA_WORK/genai-perf" 2>&1) | tee "$RESULTS/genai-perf.txt"
-    log "genai-perf: Triton's generate extension (generate_stream), smollm2, concurrency 2"
-    (cd "$PA_WORK_HOST" && pa genai-perf profile -m smollm2 --endpoint-type generate --streaming \
-        -u "$URL" --tokenizer "$PA_WORK/tokenizer" \
-        --synthetic-input-tokens-mean 64 --synthetic-input-tokens-stddev 0 \
-        --output-tokens-mean 32 --output-tokens-stddev 0 \
-        --extra-inputs ignore_eos:true --extra-inputs min_tokens:32 \
-        --concurrency 2 --request-count 24 --warmup-request-count 2 --random-seed 42 \
-        --artifact-dir "$PA_WORK/genai-perf" 2>&1) | tee "$RESULTS/genai-perf-generate.txt"
+    gp_llm chat genai-perf.txt
+    log "genai-perf: Triton's generate extension (streaming), smollm2, concurrency 2"
+    gp_llm generate genai-perf-generate.txt
     log "genai-perf: OpenAI embeddings, minilm, concurrency 2"
     (cd "$PA_WORK_HOST" && pa genai-perf profile -m minilm --endpoint-type embeddings \
         -u "$URL" --tokenizer "$PA_WORK/tokenizer" \
